@@ -1,0 +1,22 @@
+"""tdiff: find the first op where two runs of the same model part numerically.
+
+    with tdiff.capture("dumps/a", side="a"):
+        model(input_ids)
+        tdiff.dump("logprobs", logprobs)
+
+``import tdiff`` stays light (no torch) so that the subprocess bootstrap and the CLI start fast;
+the capture API is loaded on first use.
+"""
+
+from tdiff.errors import DumpError, TdiffError
+
+__version__ = "0.1.0"
+__all__ = ["__version__", "capture", "dump", "step", "TdiffError", "DumpError"]
+
+
+def __getattr__(name):
+    if name in ("capture", "dump", "step"):
+        from tdiff import hooks
+
+        return getattr(hooks, name)
+    raise AttributeError(f"module 'tdiff' has no attribute {name!r}")

@@ -1,0 +1,71 @@
+"""Torch dtypes by name, and the raw-byte views that make every dtype storable bit-exactly.
+
+Examples:
+    >>> dtype_name(torch.bfloat16)
+    'bfloat16'
+    >>> raw = to_bytes_view(torch.ones(2, 3, dtype=torch.bfloat16))   # uint8, shape [12]
+    >>> from_bytes_view(raw, "bfloat16", [2, 3]).shape
+    torch.Size([2, 3])
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tdiff.errors import DumpError
+
+# Floating dtypes whose bit patterns order like sign-magnitude integers (ULP distance is defined).
+FLOAT_BITS = {
+    torch.float64: torch.int64,
+    torch.float32: torch.int32,
+    torch.float16: torch.int16,
+    torch.bfloat16: torch.int16,
+    torch.float8_e4m3fn: torch.int8,
+    torch.float8_e4m3fnuz: torch.int8,
+    torch.float8_e5m2: torch.int8,
+    torch.float8_e5m2fnuz: torch.int8,
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None) if isinstance(name, str) else None
+    if not isinstance(dtype, torch.dtype):
+        raise DumpError(f"unknown dtype {name!r}: this dump was written by a newer torch; upgrade torch")
+    return dtype
+
+
+# Quantized tensors are stored and compared as their integer representation.
+QUANTIZED_REPR = {
+    torch.qint8: torch.int8,
+    torch.quint8: torch.uint8,
+    torch.qint32: torch.int32,
+    torch.quint4x2: torch.uint8,
+    torch.quint2x4: torch.uint8,
+}
+
+
+def to_bytes_view(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes as a flat uint8 tensor (a view when it is contiguous)."""
+    if tensor.is_quantized:
+        tensor = tensor.int_repr()
+    return tensor.contiguous().reshape(-1).view(torch.uint8)
+
+
+def from_bytes_view(raw: torch.Tensor, dtype: str | torch.dtype, shape) -> torch.Tensor:
+    """Rebuild a tensor from its flat uint8 bytes; the inverse of :func:`to_bytes_view`."""
+    dtype = torch_dtype(dtype) if isinstance(dtype, str) else dtype
+    shape = tuple(shape)
+    dtype = QUANTIZED_REPR.get(dtype, dtype)
+    expected = torch.Size(shape).numel() * dtype.itemsize
+    raw = raw.reshape(-1)
+    if raw.dtype != torch.uint8:
+        raw = raw.view(torch.uint8)
+    if raw.numel() != expected:
+        raise DumpError(f"stored tensor has {raw.numel()} bytes, its record says {expected}")
+    if expected == 0:
+        return torch.empty(shape, dtype=dtype)
+    return raw.view(dtype).reshape(shape)

@@ -1,0 +1,136 @@
+"""Bitwise fingerprints and summary statistics of a tensor, computed where the tensor lives.
+
+Two fingerprint algorithms, named in the fingerprint string so they are never confused:
+
+- ``xxh3:<hex>``: XXH3-128 of the raw bytes, for tensors on the host (about 10 GB/s).
+- ``wsum64:<hex>``: a position-weighted wrapping int64 sum over 8-byte words, computed with torch
+  on any device (a GPU tensor is fingerprinted without copying it to the host). Every weight is
+  odd, so any change confined to one word always changes the sum.
+
+Both also cover dtype and shape. Fingerprints of different algorithms are not comparable;
+:func:`fingerprint_as` recomputes one algorithm from stored data when the two sides differ.
+
+Examples:
+    >>> fingerprint(torch.zeros(4))
+    'xxh3:...'
+    >>> stats_dict(tensor_stats(torch.tensor([1.0, -3.0, float("nan")])))
+    {'min': -3.0, 'max': 1.0, 'mean': -1.0, 'abs_mean': 2.0, 'nan': 1, 'inf': 0}
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import xxhash
+
+from tdiff.store.dtypes import dtype_name, to_bytes_view
+
+STAT_NAMES = ("min", "max", "mean", "abs_mean", "nan", "inf")
+_WEIGHT_MULTIPLIER = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
+_WEIGHT_OFFSET = 0x632BE59BD9B4E019
+
+
+def _shape_tag(dtype: str, shape) -> bytes:
+    return f"{dtype}{list(shape)}".encode()
+
+
+def xxh3_fingerprint(tensor: torch.Tensor) -> str:
+    """XXH3-128 over dtype, shape and raw bytes of a host tensor."""
+    hasher = xxhash.xxh3_128(_shape_tag(dtype_name(tensor.dtype), tensor.shape))
+    raw = to_bytes_view(tensor)
+    if raw.numel():
+        hasher.update(raw.numpy())
+    return "xxh3:" + hasher.hexdigest()
+
+
+def wsum64_fingerprint_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The wsum64 digest as a 0-d int64 tensor on the tensor's device (no host sync)."""
+    raw = to_bytes_view(tensor)
+    padding = (-raw.numel()) % 8
+    if padding:
+        raw = torch.cat([raw, raw.new_zeros(padding)])
+    words = raw.view(torch.int64)
+    weights = torch.arange(words.numel(), device=words.device, dtype=torch.int64)
+    weights.mul_(_WEIGHT_MULTIPLIER).add_(_WEIGHT_OFFSET).bitwise_or_(1)
+    return (words * weights).sum() + words.numel()
+
+
+def wsum64_format(digest: int, dtype: str, shape) -> str:
+    """The wsum64 fingerprint string of a digest computed by :func:`wsum64_fingerprint_tensor`."""
+    tag = xxhash.xxh3_64_intdigest(_shape_tag(dtype, shape))
+    return f"wsum64:{(digest & 0xFFFFFFFFFFFFFFFF):016x}{tag:016x}"
+
+
+def wsum64_fingerprint(tensor: torch.Tensor) -> str:
+    return wsum64_format(int(wsum64_fingerprint_tensor(tensor)), dtype_name(tensor.dtype), tensor.shape)
+
+
+def fingerprint(tensor: torch.Tensor) -> str:
+    """The fingerprint the capture uses for this tensor: xxh3 on the host, wsum64 elsewhere."""
+    if tensor.device.type == "cpu":
+        return xxh3_fingerprint(tensor)
+    return wsum64_fingerprint(tensor)
+
+
+def fingerprint_algorithm(value: str | None) -> str | None:
+    return value.split(":", 1)[0] if value else None
+
+
+def fingerprint_as(tensor: torch.Tensor, algorithm: str) -> str:
+    """Recompute a stored tensor's fingerprint with a given algorithm."""
+    if algorithm == "xxh3":
+        return xxh3_fingerprint(tensor.cpu())
+    if algorithm == "wsum64":
+        return wsum64_fingerprint(tensor)
+    raise ValueError(f"unknown fingerprint algorithm {algorithm!r}")
+
+
+def tensor_stats(tensor: torch.Tensor) -> torch.Tensor:
+    """[min, max, mean, abs_mean, nan, inf] as float64 on the tensor's device, without a host sync.
+
+    NaN is left out of min, max and the means; +-inf counts in min and max only.
+    """
+    t = tensor.detach()
+    if t.is_quantized:
+        t = t.int_repr()
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    if t.numel() == 0:
+        return torch.tensor([math.nan, math.nan, math.nan, math.nan, 0, 0], dtype=torch.float64)
+    if not t.is_floating_point() or t.dtype.itemsize == 1:  # integers, bool and float8
+        try:
+            t = t.to(torch.float32 if t.dtype.itemsize < 4 else torch.float64)
+        except (RuntimeError, TypeError):  # bit containers (bits8, int1, uint4 ...) have no values
+            return torch.tensor([math.nan] * 4 + [0, 0], dtype=torch.float64)
+    acc = torch.float64
+    total = t.sum(dtype=acc)
+    abs_total = torch.linalg.vector_norm(t, ord=1, dtype=acc)
+    lo, hi = torch.aminmax(t)
+    stats = torch.stack([lo.to(acc), hi.to(acc), total / t.numel(), abs_total / t.numel(),
+                         total.new_zeros(()), total.new_zeros(())])
+    if t.device.type == "cpu" and math.isfinite(float(total)):
+        return stats  # the fast path: no NaN or inf present
+    return torch.where(torch.isfinite(total), stats, _nonfinite_stats(t))
+
+
+def _nonfinite_stats(t: torch.Tensor) -> torch.Tensor:
+    acc = torch.float64
+    nan = torch.isnan(t)
+    inf = torch.isinf(t)
+    numbers = t.masked_fill(nan, 0)
+    finite = ~(nan | inf)
+    n_finite = finite.sum().clamp(min=1)
+    non_nan = ~nan
+    lo = torch.where(non_nan, t, torch.full_like(t, math.inf)).amin().to(acc)
+    hi = torch.where(non_nan, t, torch.full_like(t, -math.inf)).amax().to(acc)
+    mean = numbers.masked_fill(inf, 0).sum(dtype=acc) / n_finite
+    abs_mean = numbers.masked_fill(inf, 0).abs().sum(dtype=acc) / n_finite
+    return torch.stack([lo, hi, mean, abs_mean, nan.sum().to(acc), inf.sum().to(acc)])
+
+
+def stats_dict(stats: torch.Tensor | list[float]) -> dict:
+    values = stats.tolist() if isinstance(stats, torch.Tensor) else list(stats)
+    out = dict(zip(STAT_NAMES, values))
+    out["nan"], out["inf"] = int(out["nan"]), int(out["inf"])
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in out.items()}

@@ -1,0 +1,185 @@
+"""The dump's manifests: one JSON-lines journal per writing process, plus the dump's own header.
+
+Layout of a dump directory (docs/FORMAT.md has the full description):
+
+    tdiff-dump.json              the dump: format version, side, mode, the command and its exit code
+    manifests/<part>.jsonl       one per process: a header line, record lines, an end line
+    data/<part>.sNNNNN.<ext>     tensor shards of that process (safetensors or h5)
+
+A part's records are appended only after the shard holding their bytes has been renamed into
+place, so every record on disk points at complete data. A part without its end line belongs to a
+process that died (or is still running): the dump is incomplete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tdiff.store.record import Record
+from tdiff.errors import DumpError
+
+FORMAT = "tdiff-dump"
+FORMAT_VERSION = 1
+DUMP_FILE = "tdiff-dump.json"
+MANIFEST_DIR = "manifests"
+DATA_DIR = "data"
+
+
+def new_part_id() -> str:
+    host = re.sub(r"[^A-Za-z0-9]", "", socket.gethostname())[:24] or "host"
+    return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def atomic_write_json(path: Path, data: dict, *, replace: bool = True) -> bool:
+    """Write JSON through a temporary name. With replace=False an existing file is kept.
+
+    Returns whether this call's content is now at ``path``.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}.tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    if replace:
+        os.replace(tmp, path)
+        return True
+    try:
+        os.link(tmp, path)  # atomic, and fails when another process created it first
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def check_format(data: object, where: str) -> dict:
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise DumpError(f"{where}: not a tdiff dump header")
+    version = data.get("version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise DumpError(f"{where}: the format version is missing or not an integer")
+    if version > FORMAT_VERSION:
+        raise DumpError(
+            f"{where}: dump format version {version} is newer than this tdiff reads "
+            f"({FORMAT_VERSION}); upgrade tdiff")
+    return data
+
+
+def create_dump(root: Path, info: dict) -> None:
+    """Make ``root`` a dump directory (idempotent; concurrent writers agree on one header)."""
+    (root / MANIFEST_DIR).mkdir(parents=True, exist_ok=True)
+    (root / DATA_DIR).mkdir(exist_ok=True)
+    header = {"format": FORMAT, "version": FORMAT_VERSION, "created": time.time(), **info}
+    atomic_write_json(root / DUMP_FILE, header, replace=False)
+
+
+def update_dump_info(root: Path, **info) -> None:
+    path = root / DUMP_FILE
+    data = json.loads(path.read_text())
+    data.update(info)
+    atomic_write_json(path, data)
+
+
+class ManifestJournal:
+    """Appends one process's header, records and end line to its manifest part."""
+
+    def __init__(self, root: Path, part: str, header: dict):
+        self.path = root / MANIFEST_DIR / f"{part}.jsonl"
+        self._file = open(self.path, "x", encoding="utf-8")
+        self._write({"type": "header", "format": FORMAT, "version": FORMAT_VERSION, "part": part,
+                     "pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
+                     **header})
+
+    def _write(self, *lines: dict) -> None:
+        self._file.write("".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines))
+        self._file.flush()
+
+    def append(self, records: list[Record]) -> None:
+        if records:
+            self._write(*({"type": "record", **r.to_json()} for r in records))
+
+    def end(self, records: int, error: str | None = None) -> None:
+        self._write({"type": "end", "records": records, "status": "failed" if error else "complete",
+                     **({"error": error} if error else {})})
+        self._file.close()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+@dataclass
+class Part:
+    """One process's manifest, as read back."""
+
+    name: str
+    header: dict
+    records: list[Record] = field(default_factory=list)
+    problem: str | None = None   # why this part is incomplete, None when it is complete
+
+    @property
+    def rank(self) -> int:
+        return min((r.rank for r in self.records), default=0)
+
+
+def read_part(path: Path) -> Part:
+    where = f"{path}"
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise DumpError(f"{where}: manifest is not UTF-8 text (corrupted)") from None
+    except OSError as exc:
+        raise DumpError(f"{where}: cannot read manifest ({exc.strerror})") from None
+    lines = text.split("\n")
+    truncated = lines[-1] != ""
+    lines = lines[:-1] if not truncated else lines
+    if not lines or not lines[0].strip():
+        raise DumpError(f"{where}: manifest is empty (the process died before writing its header)")
+    part = Part(name=path.stem, header={})
+    end = None
+    for number, line in enumerate(lines, 1):
+        last = number == len(lines)
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            if last and truncated:
+                part.problem = f"manifest {path.name} ends mid-record: its process died while writing"
+                break
+            raise DumpError(f"{where} line {number}: not valid JSON (corrupted manifest)") from None
+        if not isinstance(entry, dict):
+            raise DumpError(f"{where} line {number}: not a JSON object (corrupted manifest)")
+        kind = entry.pop("type", None)
+        if number == 1:
+            if kind != "header":
+                raise DumpError(f"{where} line 1: the manifest does not start with its header")
+            part.header = check_format(entry, f"{where} line 1")
+        elif end is not None:
+            raise DumpError(f"{where} line {number}: data after the end line (corrupted manifest)")
+        elif kind == "record":
+            part.records.append(Record.from_json(entry, f"{where} line {number}"))
+        elif kind == "end":
+            end = entry
+        else:
+            raise DumpError(f"{where} line {number}: unknown entry type {kind!r}")
+    if part.problem is None:
+        part.problem = _end_problem(path, end, len(part.records))
+    part.records = [_with_part(r, part.name) for r in part.records]
+    return part
+
+
+def _end_problem(path: Path, end: dict | None, count: int) -> str | None:
+    if end is None:
+        return f"manifest {path.name} has no end line: its process died or is still running"
+    if end.get("status") != "complete":
+        return f"manifest {path.name}: capture failed: {end.get('error', 'unknown error')}"
+    if end.get("records") != count:
+        return f"manifest {path.name} lists {count} records but its end line says {end.get('records')}"
+    return None
+
+
+def _with_part(record: Record, part: str) -> Record:
+    object.__setattr__(record, "part", part)
+    return record

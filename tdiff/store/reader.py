@@ -1,0 +1,115 @@
+"""Reading a dump: its header, every process's records in execution order, tensors on demand.
+
+Examples:
+    >>> dump = open_dump("dumps/a")
+    >>> record = dump.records[0]
+    >>> dump.load(record).shape         # read from a memory-mapped shard, one tensor at a time
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from pathlib import Path
+
+import torch
+
+from tdiff.store.dtypes import from_bytes_view, to_bytes_view
+from tdiff.store.manifest import DATA_DIR, DUMP_FILE, MANIFEST_DIR, Part, check_format, read_part
+from tdiff.store.record import Record
+from tdiff.store.storage import storage_for_file
+from tdiff.errors import DumpError
+
+_OPEN_SHARDS = 32
+
+
+class Dump:
+    """A dump directory opened for reading. Tensors are loaded lazily, one at a time."""
+
+    def __init__(self, path: Path, info: dict, parts: list[Part], records: list[Record],
+                 problems: list[str]):
+        self.path = path
+        self.info = info
+        self.parts = parts
+        self.records = records
+        self.problems = problems
+        self._shards: OrderedDict[str, object] = OrderedDict()
+
+    @property
+    def complete(self) -> bool:
+        return not self.problems
+
+    @property
+    def side(self) -> str:
+        return str(self.info.get("side") or self.path.name)
+
+    def load(self, record: Record) -> torch.Tensor:
+        if record.file is None:
+            raise DumpError(f"{self.path}: {record.name} was captured in stats mode and has no data; "
+                            "capture it with --mode full")
+        shard = self._shard(record.file)
+        raw = shard.get(record.key)
+        return from_bytes_view(to_bytes_view(raw), record.dtype, record.shape)
+
+    def _shard(self, file: str):
+        shard = self._shards.get(file)
+        if shard is None:
+            path = self.path / DATA_DIR / file
+            if not path.is_file():
+                raise DumpError(f"{path}: tensor file is missing")
+            shard = storage_for_file(path).open(path)
+            self._shards[file] = shard
+            if len(self._shards) > _OPEN_SHARDS:
+                self._shards.popitem(last=False)
+        else:
+            self._shards.move_to_end(file)
+        return shard
+
+
+def open_dump(path: str | Path, *, allow_incomplete: bool = False) -> Dump:
+    """Open and validate a dump. Raises :class:`DumpError` for anything a user must fix."""
+    path = Path(path)
+    if not path.exists():
+        raise DumpError(f"{path}: no such dump directory")
+    if not path.is_dir():
+        raise DumpError(f"{path}: not a dump (a dump is a directory written by `tdiff capture`)")
+    header_path = path / DUMP_FILE
+    if not header_path.is_file():
+        raise DumpError(f"{path}: not a tdiff dump (no {DUMP_FILE}); capture one with `tdiff capture`")
+    try:
+        info = json.loads(header_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise DumpError(f"{header_path}: not valid JSON (corrupted dump header)") from None
+    check_format(info, str(header_path))
+
+    manifest_paths = sorted((path / MANIFEST_DIR).glob("*.jsonl"))
+    parts = [read_part(p) for p in manifest_paths]
+    parts.sort(key=lambda part: (part.rank, _started(part)))
+    problems = [part.problem for part in parts if part.problem]
+    exit_code = info.get("exit_code")
+    if exit_code not in (None, 0):
+        ending = f"was killed by signal {-exit_code}" if isinstance(exit_code, int) and exit_code < 0 \
+            else f"exited with code {exit_code}"
+        problems.append(f"the captured command {ending}")
+
+    records = [record for part in parts for record in sorted(part.records, key=lambda r: r.seq)]
+    present = {p.name for p in (path / DATA_DIR).iterdir()} if (path / DATA_DIR).is_dir() else set()
+    missing = sorted({r.file for r in records if r.file is not None and r.file not in present})
+    if missing:
+        problems.append(f"{len(missing)} tensor file(s) missing, first {DATA_DIR}/{missing[0]}")
+        records = [r for r in records if r.file is None or r.file in present]
+
+    dump = Dump(path, info, parts, records, problems)
+    if problems and not allow_incomplete:
+        more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
+        raise DumpError(f"{path}: dump is incomplete: {problems[0]}{more}; "
+                        "pass --allow-incomplete to use what is there")
+    if not records:
+        raise DumpError(f"{path}: dump has no tensors; check the capture's --select/--layers and that "
+                        "the command ran a model")
+    return dump
+
+
+def _started(part: Part) -> float:
+    started = part.header.get("started")
+    return started if isinstance(started, (int, float)) and not isinstance(started, bool) else 0.0

@@ -1,0 +1,107 @@
+"""One manifest record: a captured tensor's identity, metadata and where its bytes are.
+
+Records are validated field by field when read, so a corrupted manifest is reported with the
+field at fault instead of failing later.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass, field
+
+from tdiff.errors import DumpError
+
+ROLES = ("input", "output", "explicit")
+_SAFE_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    seq: int                    # execution order within the process that wrote it
+    name: str                   # module path plus sub-name, e.g. "model.layers.0.self_attn[0]"
+    module: str                 # module path ("" for the outermost model)
+    role: str                   # "input" | "output" | "explicit"
+    step: int                   # forward pass index
+    call: int                   # invocation index of this module (or explicit name) within the step
+    rank: int
+    dtype: str
+    shape: tuple[int, ...]
+    sub: str = ""               # path inside a nested input/output ("0", "hidden_states", "1.key")
+    module_class: str | None = None
+    parent: str | None = None   # module path of the enclosing call, None at the top
+    depth: int = 0
+    device: str = "cpu"
+    stats: dict | None = None
+    fingerprint: str | None = None
+    file: str | None = None     # shard file, relative to the dump; None when only stats were kept
+    key: str | None = None      # tensor key inside the shard
+    alias_of: int | None = None  # seq of an earlier record of the same tensor (stored once)
+    attrs: dict = field(default_factory=dict)  # extra metadata: parallel ranks, canonical names
+    part: str = ""              # the writing process's manifest part (set by the reader)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def has_data(self) -> bool:
+        return self.file is not None
+
+    @property
+    def pair_key(self) -> tuple:
+        """What identifies the same tensor in two runs of the same program."""
+        return (self.name, self.step, self.call, self.role, self.rank)
+
+    def to_json(self) -> dict:
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "part" or (value in (None, {}, "") and f.name not in _REQUIRED):
+                continue
+            out[f.name] = list(value) if f.name == "shape" else value
+        return out
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "record") -> Record:
+        if not isinstance(data, dict):
+            raise DumpError(f"{where}: a record must be a JSON object")
+        values = {}
+        for name, (kinds, optional) in _SCHEMA.items():
+            if name not in data or data[name] is None:
+                if not optional:
+                    raise DumpError(f"{where}: field {name!r} is missing")
+                continue
+            value = data[name]
+            if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in _as_tuple(kinds)):
+                raise DumpError(f"{where}: field {name!r} has the wrong type ({type(value).__name__})")
+            values[name] = value
+        shape = values["shape"]
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+            raise DumpError(f"{where}: field 'shape' must be a list of non-negative integers")
+        values["shape"] = tuple(shape)
+        if values["role"] not in ROLES:
+            raise DumpError(f"{where}: field 'role' must be one of {', '.join(ROLES)}")
+        for name in ("seq", "step", "call", "rank", "depth"):
+            if name in values and values[name] < 0:
+                raise DumpError(f"{where}: field {name!r} must not be negative")
+        if ("file" in values) != ("key" in values):
+            raise DumpError(f"{where}: fields 'file' and 'key' must be given together")
+        if "file" in values and not _SAFE_FILE.fullmatch(values["file"]):
+            raise DumpError(f"{where}: field 'file' must name a file inside the dump, not {values['file']!r}")
+        return cls(**values)
+
+
+def _as_tuple(kinds) -> tuple:
+    return kinds if isinstance(kinds, tuple) else (kinds,)
+
+
+_SCHEMA = {
+    "seq": (int, False), "name": (str, False), "module": (str, False), "role": (str, False),
+    "step": (int, False), "call": (int, False), "rank": (int, False), "dtype": (str, False),
+    "shape": (list, False), "sub": (str, True), "module_class": (str, True), "parent": (str, True),
+    "depth": (int, True), "device": (str, True), "stats": (dict, True), "fingerprint": (str, True),
+    "file": (str, True), "key": (str, True), "alias_of": (int, True), "attrs": (dict, True),
+}
+_REQUIRED = {name for name, (_, optional) in _SCHEMA.items() if not optional}

@@ -1,0 +1,129 @@
+"""Tensor shard files: safetensors (default, memory-mapped on read) or HDF5.
+
+A shard is written once, to a temporary name, then renamed into place. Every tensor is stored
+as its raw bytes: natively typed where the file format knows the dtype (so other tools can open
+the shard), as uint8 otherwise (float8_e8m0, complex32, sub-byte types); the record's dtype and
+shape rebuild it bit-exactly.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import torch
+
+from tdiff.store.dtypes import to_bytes_view
+from tdiff.errors import DumpError
+
+STORAGES = ("safetensors", "h5")
+
+
+def _safetensors_types() -> set:
+    from safetensors.torch import _TYPES
+
+    return set(_TYPES.values())
+
+
+class SafetensorsStorage:
+    suffix = "safetensors"
+
+    def __init__(self):
+        self._native = _safetensors_types()
+
+    def write(self, path: Path, tensors: dict[str, torch.Tensor]) -> None:
+        from safetensors.torch import save_file
+
+        storable = {key: t if t.dtype in self._native and t.is_contiguous() else to_bytes_view(t)
+                    for key, t in tensors.items()}
+        _write_atomically(path, lambda tmp: save_file(storable, str(tmp)))
+
+    def open(self, path: Path):
+        from safetensors import safe_open
+
+        try:
+            return _SafetensorsShard(safe_open(str(path), framework="pt"), path)
+        except Exception as exc:  # safetensors raises its own error types for a damaged header
+            raise DumpError(f"{path}: cannot open tensor shard ({_first_line(exc)}); "
+                            "the file is truncated or corrupted") from None
+
+
+class _SafetensorsShard:
+    def __init__(self, handle, path: Path):
+        self._handle = handle
+        self._path = path
+        self._keys = set(handle.keys())
+
+    def get(self, key: str) -> torch.Tensor:
+        if key not in self._keys:
+            raise DumpError(f"{self._path}: tensor {key!r} is missing from its shard")
+        try:
+            return self._handle.get_tensor(key)
+        except Exception as exc:
+            raise DumpError(f"{self._path}: cannot read tensor {key!r} ({_first_line(exc)}); "
+                            "the file is truncated or corrupted") from None
+
+
+class H5Storage:
+    suffix = "h5"
+
+    def write(self, path: Path, tensors: dict[str, torch.Tensor]) -> None:
+        import h5py
+
+        def write(tmp):
+            with h5py.File(tmp, "w") as f:
+                for key, t in tensors.items():
+                    f.create_dataset(key, data=to_bytes_view(t).numpy())
+
+        _write_atomically(path, write)
+
+    def open(self, path: Path):
+        import h5py
+
+        try:
+            return _H5Shard(h5py.File(path, "r"), path)
+        except Exception as exc:
+            raise DumpError(f"{path}: cannot open HDF5 shard ({_first_line(exc)}); "
+                            "the file is truncated or corrupted") from None
+
+
+class _H5Shard:
+    def __init__(self, handle, path: Path):
+        self._handle = handle
+        self._path = path
+
+    def get(self, key: str) -> torch.Tensor:
+        if key not in self._handle:
+            raise DumpError(f"{self._path}: tensor {key!r} is missing from its shard")
+        try:
+            return torch.from_numpy(self._handle[key][()])
+        except Exception as exc:
+            raise DumpError(f"{self._path}: cannot read tensor {key!r} ({_first_line(exc)}); "
+                            "the file is corrupted") from None
+
+
+def storage_for(name: str):
+    if name == "safetensors":
+        return SafetensorsStorage()
+    if name == "h5":
+        return H5Storage()
+    raise DumpError(f"unknown storage format {name!r}: use one of {', '.join(STORAGES)}")
+
+
+def storage_for_file(path: Path):
+    return storage_for("h5" if path.suffix == ".h5" else "safetensors")
+
+
+def _write_atomically(path: Path, write) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:6]}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__

@@ -1,0 +1,191 @@
+"""The background writer: one per capturing process.
+
+Hooks hand over host copies (or, for device tensors, pinned copies still in flight plus a CUDA
+event); the writer thread computes statistics and fingerprints, fills size-capped shards, renames
+each finished shard into place and only then appends its records to the manifest journal.
+
+Host memory held by pending tensors is capped. At the cap :meth:`DumpWriter.submit` waits for
+the writer: nothing is dropped. If writing fails (disk full, directory gone) the writer says so
+once on stderr, drops what it holds, lets the model run on, and ends the manifest as failed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from tdiff.store.fingerprint import stats_dict, tensor_stats, wsum64_format, xxh3_fingerprint
+from tdiff.store.manifest import DATA_DIR, ManifestJournal
+from tdiff.store.record import Record
+from tdiff.store.storage import storage_for
+
+DEFAULT_MAX_PENDING = 2 << 30
+DEFAULT_SHARD_BYTES = 512 << 20
+_RECORDS_PER_FLUSH = 4096  # how many data-less records (stats mode) wait before they are journaled
+
+
+@dataclass
+class Pending:
+    """A captured tensor on its way to disk."""
+
+    record: Record
+    data: torch.Tensor | None = None        # host copy (full mode)
+    ready: object | None = None             # CUDA event that completes ``data`` or the device stats
+    stats: torch.Tensor | None = None       # stats computed where the tensor lives (stats mode)
+    digest: torch.Tensor | None = None      # wsum64 digest computed on the device (stats mode)
+    fingerprint: str | None = None          # fingerprint computed at hook time (stats mode, host)
+    nbytes: int = 0                         # host bytes this item holds until its shard is written
+
+
+_FLUSH = object()
+_STOP = object()
+
+
+class DumpWriter:
+    def __init__(self, root: Path, part: str, header: dict, *, storage: str = "safetensors",
+                 max_pending_bytes: int = DEFAULT_MAX_PENDING,
+                 shard_bytes: int = DEFAULT_SHARD_BYTES):
+        self.root = Path(root)
+        self.part = part
+        self.storage = storage_for(storage)
+        self.max_pending_bytes = max_pending_bytes
+        self.shard_limit = max(1, min(shard_bytes, max_pending_bytes // 2))
+        self.error: str | None = None
+        self.records_written = 0
+        self.peak_pending_bytes = 0
+        self.waits = 0
+        self._journal = ManifestJournal(self.root, part, header)
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._space = threading.Condition()
+        self._pending_bytes = 0
+        self._shard_index = 0
+        self._shard: dict[str, torch.Tensor] = {}
+        self._shard_bytes = 0
+        self._records: list[Record] = []
+        self._stored: dict[int, Record] = {}  # seq -> record holding the bytes (for aliases)
+        self._thread = threading.Thread(target=self._run, name=f"tdiff-writer-{part}", daemon=True)
+        self._thread.start()
+
+    # ---- producer side (the model's thread) ----
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+    def submit(self, item: Pending) -> None:
+        if self.failed:
+            return
+        with self._space:
+            if item.nbytes and self._pending_bytes and \
+                    self._pending_bytes + item.nbytes > self.max_pending_bytes:
+                self.waits += 1
+                self._queue.put(_FLUSH)
+                while (self._pending_bytes and not self.failed
+                       and self._pending_bytes + item.nbytes > self.max_pending_bytes):
+                    self._space.wait()
+            if self.failed:
+                return
+            self._pending_bytes += item.nbytes
+            self.peak_pending_bytes = max(self.peak_pending_bytes, self._pending_bytes)
+        self._queue.put(item)
+
+    def flush(self) -> None:
+        """Ask the writer to write out what it holds (at the end of a step, say)."""
+        self._queue.put(_FLUSH)
+
+    def close(self) -> None:
+        self._queue.put(_STOP)
+        self._thread.join()
+        try:
+            self._journal.end(self.records_written, self.error)
+        except OSError as exc:
+            self._report(f"cannot finish the manifest ({exc.strerror}); the dump stays incomplete")
+
+    # ---- the writer thread ----
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                self._guarded(self._flush_shard)
+                return
+            if item is _FLUSH:
+                self._guarded(self._flush_shard)
+            elif self.failed:
+                self._release(item.nbytes)
+            else:
+                self._guarded(self._store, item)
+
+    def _guarded(self, fn, *args) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001 - any write failure ends this part, not the model
+            self._fail(f"writing {self.root} failed: {_reason(exc)}")
+
+    def _store(self, item: Pending) -> None:
+        record = item.record
+        if item.ready is not None:
+            item.ready.synchronize()
+        if record.alias_of is not None:
+            original = self._stored[record.alias_of]
+            record = dataclasses.replace(record, stats=original.stats, fingerprint=original.fingerprint,
+                                         file=original.file, key=original.key)
+        elif item.data is not None:
+            key = f"t{record.seq}"
+            record = dataclasses.replace(
+                record, stats=stats_dict(tensor_stats(item.data)),
+                fingerprint=xxh3_fingerprint(item.data), file=self._shard_name(), key=key)
+            self._shard[key] = item.data
+            self._shard_bytes += item.nbytes
+        else:
+            fingerprint = item.fingerprint or wsum64_format(int(item.digest), record.dtype, record.shape)
+            record = dataclasses.replace(record, stats=stats_dict(item.stats), fingerprint=fingerprint)
+        self._stored[record.seq] = record
+        self._records.append(record)
+        if self._shard_bytes >= self.shard_limit or len(self._records) >= _RECORDS_PER_FLUSH:
+            self._flush_shard()
+
+    def _shard_name(self) -> str:
+        return f"{self.part}.s{self._shard_index:05d}.{self.storage.suffix}"
+
+    def _flush_shard(self) -> None:
+        if self._shard:
+            self.storage.write(self.root / DATA_DIR / self._shard_name(), self._shard)
+            self._shard_index += 1
+        self._journal.append(self._records)
+        self.records_written += len(self._records)
+        self._records = []
+        self._shard = {}
+        self._release(self._shard_bytes)
+        self._shard_bytes = 0
+
+    def _release(self, nbytes: int) -> None:
+        if nbytes:
+            with self._space:
+                self._pending_bytes -= nbytes
+                self._space.notify_all()
+
+    def _fail(self, reason: str) -> None:
+        self.error = reason
+        self._report(f"{reason}; capture stopped, the dump is marked incomplete")
+        self._shard = {}
+        self._records = []
+        self._release(self._shard_bytes)
+        self._shard_bytes = 0
+        with self._space:
+            self._space.notify_all()  # a waiting hook sees the failure and returns
+
+    @staticmethod
+    def _report(message: str) -> None:
+        print(f"tdiff: {message}", file=sys.stderr, flush=True)
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

@@ -1,0 +1,106 @@
+"""Manifests: records validated field by field, incomplete and newer dumps recognised."""
+
+import json
+
+import pytest
+import torch
+
+import tdiff
+from tdiff.errors import DumpError
+from tdiff.store import FORMAT_VERSION, Record, open_dump
+from tdiff.store.manifest import DUMP_FILE, MANIFEST_DIR
+
+
+def small_dump(path):
+    with tdiff.capture(path):
+        tdiff.dump("x", torch.arange(6.0))
+        tdiff.dump("y", torch.ones(2, 2))
+    return path
+
+
+def only_manifest(path):
+    (manifest,) = (path / MANIFEST_DIR).glob("*.jsonl")
+    return manifest
+
+
+def test_record_round_trips_through_json():
+    record = Record(seq=3, name="m.layers.0[0]", module="m.layers.0", role="input", step=1, call=2,
+                    rank=0, dtype="bfloat16", shape=(2, 3), sub="0", stats={"min": 0.0}, file="p.s00000.safetensors",
+                    key="t3", attrs={"tp_rank": 1})
+    assert Record.from_json(json.loads(json.dumps(record.to_json()))) == record
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("shape", "3x4", "field 'shape' has the wrong type"),
+    ("shape", [3, -1], "non-negative integers"),
+    ("role", "middle", "field 'role' must be one of"),
+    ("step", True, "field 'step' has the wrong type"),
+    ("file", "../../etc/passwd", "must name a file inside the dump"),
+    ("seq", -1, "must not be negative"),
+])
+def test_bad_record_fields_are_named(field, value, message):
+    data = {"seq": 0, "name": "x", "module": "", "role": "explicit", "step": 0, "call": 0, "rank": 0,
+            "dtype": "float32", "shape": [1], "file": "a.safetensors", "key": "t0"}
+    data[field] = value
+    with pytest.raises(DumpError, match=message):
+        Record.from_json(data, "line 2")
+
+
+def test_missing_field_is_named():
+    with pytest.raises(DumpError, match="field 'dtype' is missing"):
+        Record.from_json({"seq": 0, "name": "x", "module": "", "role": "explicit", "step": 0, "call": 0,
+                          "rank": 0, "shape": [1]})
+
+
+def test_a_manifest_without_its_end_line_is_incomplete(tmp_path):
+    dump = small_dump(tmp_path / "d")
+    manifest = only_manifest(dump)
+    lines = manifest.read_text().splitlines(keepends=True)
+    manifest.write_text("".join(lines[:-1]))
+    with pytest.raises(DumpError, match="incomplete: manifest .* has no end line"):
+        open_dump(dump)
+    partial = open_dump(dump, allow_incomplete=True)
+    assert len(partial.records) == 2 and not partial.complete
+
+
+def test_a_manifest_cut_mid_record_is_incomplete(tmp_path):
+    dump = small_dump(tmp_path / "d")
+    manifest = only_manifest(dump)
+    text = manifest.read_text()
+    second_record = text.index('"type":"record"', text.index('"type":"record"') + 1)
+    manifest.write_text(text[: second_record + 20])
+    with pytest.raises(DumpError, match="ends mid-record"):
+        open_dump(dump)
+    assert len(open_dump(dump, allow_incomplete=True).records) == 1
+
+
+def test_newer_format_version_is_refused(tmp_path):
+    dump = small_dump(tmp_path / "d")
+    header = json.loads((dump / DUMP_FILE).read_text())
+    header["version"] = FORMAT_VERSION + 1
+    (dump / DUMP_FILE).write_text(json.dumps(header))
+    with pytest.raises(DumpError, match="newer than this tdiff reads"):
+        open_dump(dump)
+
+
+def test_empty_dump_is_an_error(tmp_path):
+    with tdiff.capture(tmp_path / "d"):
+        pass
+    with pytest.raises(DumpError, match="dump has no tensors"):
+        open_dump(tmp_path / "d")
+
+
+def test_missing_tensor_file_is_reported(tmp_path):
+    dump = small_dump(tmp_path / "d")
+    for shard in (dump / "data").iterdir():
+        shard.unlink()
+    with pytest.raises(DumpError, match="tensor file"):
+        open_dump(dump)
+
+
+def test_not_a_dump(tmp_path):
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(DumpError, match="not a tdiff dump"):
+        open_dump(tmp_path / "plain")
+    with pytest.raises(DumpError, match="no such dump directory"):
+        open_dump(tmp_path / "missing")

@@ -1,0 +1,328 @@
+"""Capture: record the inputs and outputs of every module call, in execution order.
+
+    with tdiff.capture("dumps/a", side="a", layers="0-3"):
+        model(input_ids)
+        tdiff.dump("logprobs", torch.log_softmax(logits, -1))
+
+One hook wraps ``torch.nn.Module.__call__`` for the whole process, so every module called
+through ``__call__`` is seen with its positional and keyword arguments (torch's global pre-hooks
+do not see keyword arguments). Inputs are recorded before the module runs, outputs after, so
+bisect can tell "inputs matched, output did not". ``model=`` also wraps ``model.forward``, for
+engines (SGLang) that call the root's ``forward`` directly.
+
+Steps: a step advances when a module that already ran at the top level in this step runs at the
+top level again (the next forward pass); once code calls :func:`step`, only that advances it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import threading
+import weakref
+from pathlib import Path
+
+import torch
+
+import tdiff
+from tdiff.store.dtypes import dtype_name, to_bytes_view
+from tdiff.store.fingerprint import tensor_stats, wsum64_fingerprint_tensor, xxh3_fingerprint
+from tdiff.store.manifest import create_dump, new_part_id
+from tdiff.store.record import Record
+from tdiff.store.storage import STORAGES
+from tdiff.store.writer import DEFAULT_MAX_PENDING, DEFAULT_SHARD_BYTES, DumpWriter, Pending
+from tdiff.errors import TdiffError
+from tdiff.hooks.naming import ModulePaths, flatten_call_inputs, flatten_tensors, tensor_name
+from tdiff.hooks.selection import Selection, parse_ranges
+
+MODES = ("full", "stats")
+
+_active: Capture | None = None
+_original_call = None
+
+
+class _Frame:
+    __slots__ = ("module", "path", "call")
+
+    def __init__(self, module, path, call):
+        self.module, self.path, self.call = module, path, call
+
+
+class Capture:
+    """One process's capture into one dump directory. Use :func:`capture` to make one."""
+
+    def __init__(self, out_dir, *, side: str | None = None, select=(), exclude=(), layers=None,
+                 steps=None, mode: str = "full", storage: str = "safetensors", model=None,
+                 max_pending_bytes: int = DEFAULT_MAX_PENDING,
+                 shard_bytes: int = DEFAULT_SHARD_BYTES, run_info: dict | None = None):
+        if mode not in MODES:
+            raise TdiffError(f"--mode {mode!r}: use one of {', '.join(MODES)}")
+        if storage not in STORAGES:
+            raise TdiffError(f"--format {storage!r}: use one of {', '.join(STORAGES)}")
+        self.root = Path(out_dir)
+        self.side = side or self.root.name
+        self.mode = mode
+        self.storage = storage
+        self.selection = Selection(list(select), list(exclude), _ranges(layers, "--layers"),
+                                   _ranges(steps, "--steps"))
+        self.model = model
+        self.max_pending_bytes = max_pending_bytes
+        self.shard_bytes = shard_bytes
+        self.run_info = run_info or {}
+        self.writer: DumpWriter | None = None
+        self.step_index = 0
+        self._manual_steps = False
+        self._top_level_done: set[int] = set()   # ids of modules that ran at the top level this step
+        self._calls: dict[str, int] = {}         # per-step invocation counters by module path / name
+        self._seq = itertools.count()
+        self._paths = ModulePaths()
+        self._local = threading.local()
+        self._aliases: dict[int, tuple] = {}
+        self._rank: int | None = None
+        self._forward_restore = None
+
+    # ---- lifecycle ----
+    def start(self) -> Capture:
+        global _active
+        if _active is not None:
+            raise TdiffError(f"a capture into {_active.root} is already active in this process")
+        try:
+            create_dump(self.root, {"side": self.side, "mode": self.mode, "storage": self.storage,
+                                    "tdiff": tdiff.__version__, **self.run_info})
+        except OSError as exc:
+            raise TdiffError(f"cannot create dump directory {self.root}: {exc.strerror}") from None
+        self.writer = self._new_writer()
+        if self.model is not None:
+            self._paths.name_tree(self.model)
+            self._wrap_forward(self.model)
+        _install_call_hook()
+        _active = self
+        return self
+
+    def stop(self) -> None:
+        global _active
+        if _active is self:
+            _active = None
+        if self._forward_restore is not None:
+            self._forward_restore()
+            self._forward_restore = None
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+    def __enter__(self) -> Capture:
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def _new_writer(self) -> DumpWriter:
+        header = {"side": self.side, "mode": self.mode, "argv": sys.argv[:16],
+                  "torch": torch.__version__, "tdiff": tdiff.__version__}
+        try:
+            return DumpWriter(self.root, new_part_id(), header, storage=self.storage,
+                              max_pending_bytes=self.max_pending_bytes,
+                              shard_bytes=self.shard_bytes)
+        except OSError as exc:
+            raise TdiffError(f"cannot write into dump directory {self.root}: {exc.strerror}") from None
+
+    def after_fork_in_child(self) -> None:
+        """A forked child continues the capture into a manifest part of its own."""
+        self.writer = self._new_writer()
+        self._local = threading.local()
+        self._aliases.clear()
+
+    # ---- steps ----
+    def advance_step(self, *, manual: bool) -> None:
+        self._manual_steps = self._manual_steps or manual
+        self.step_index += 1
+        self._top_level_done.clear()
+        self._calls.clear()
+        self._aliases.clear()
+        self.writer.flush()
+
+    # ---- module calls ----
+    @property
+    def _stack(self) -> list[_Frame]:
+        stack = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return stack
+
+    def module_call(self, module, invoke, args, kwargs):
+        stack = self._stack
+        parent = stack[-1] if stack else None
+        if parent is None and not self._manual_steps and id(module) in self._top_level_done:
+            self.advance_step(manual=False)
+        path = self._paths.path_of(module, (parent.module, parent.path) if parent else None)
+        call = self._calls.get(path, 0)
+        self._calls[path] = call + 1
+        recording = (self.selection.wants_step(self.step_index) and self.selection.wants(path)
+                     and not self.writer.failed)
+        where = (path, type(module).__name__, parent, len(stack))
+        if recording:
+            for sub, tensor in flatten_call_inputs(args, kwargs):
+                self._record(tensor, tensor_name(path, sub), sub, "input", call, where)
+        stack.append(_Frame(module, path, call))
+        try:
+            output = invoke()
+        finally:
+            stack.pop()
+        if recording:
+            for sub, tensor in flatten_tensors(output):
+                self._record(tensor, tensor_name(path, sub), sub, "output", call, where)
+        if not stack:
+            self._top_level_done.add(id(module))
+        return output
+
+    def dump(self, name: str, value) -> None:
+        stack = self._stack
+        parent = stack[-1] if stack else None
+        call = self._calls.get(name, 0)
+        self._calls[name] = call + 1
+        if not (self.selection.wants_step(self.step_index) and self.selection.wants(name, explicit=True)
+                and not self.writer.failed):
+            return
+        where = (parent.path if parent else "", None, parent, len(stack))
+        for sub, tensor in flatten_tensors(value):
+            self._record(tensor, tensor_name(name, sub), sub, "explicit", call, where)
+
+    # ---- recording one tensor ----
+    def _record(self, tensor: torch.Tensor, name: str, sub: str, role: str, call: int,
+                where: tuple) -> None:
+        if tensor.device.type == "meta":
+            return
+        module_path, module_class, parent, depth = where
+        seq = next(self._seq)
+        alias_of = self._alias_of(tensor, seq)
+        tensor = tensor.detach()
+        if tensor.is_quantized:
+            tensor = tensor.int_repr()
+        tensor = tensor.resolve_conj().resolve_neg()
+        record = Record(
+            seq=seq, name=name, module=module_path, role=role, step=self.step_index, call=call,
+            rank=self._current_rank(), dtype=dtype_name(tensor.dtype), shape=tuple(tensor.shape),
+            sub=sub, module_class=module_class, parent=parent.path if parent else None,
+            depth=depth, device=str(tensor.device), alias_of=alias_of)
+        if alias_of is not None:
+            self.writer.submit(Pending(record=record))
+        elif self.mode == "full":
+            self.writer.submit(_host_copy(record, tensor))
+        else:
+            self.writer.submit(_device_summary(record, tensor))
+
+    def _alias_of(self, tensor: torch.Tensor, seq: int) -> int | None:
+        """The seq of an earlier record of this very tensor object, unchanged since (same version)."""
+        if tensor.is_inference():
+            return None  # inference tensors carry no version counter: always store a copy
+        key = id(tensor)
+        seen = self._aliases.get(key)
+        if seen is not None and seen[0]() is tensor and seen[1] == tensor._version:
+            return seen[2]
+        aliases = self._aliases
+        aliases[key] = (weakref.ref(tensor, lambda _, k=key: aliases.pop(k, None)), tensor._version, seq)
+        return None
+
+    def _current_rank(self) -> int:
+        if self._rank is None:
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                self._rank = torch.distributed.get_rank()
+            else:
+                return int(os.environ.get("RANK", 0))
+        return self._rank
+
+    # ---- engines that call model.forward() directly ----
+    def _wrap_forward(self, model) -> None:
+        had_instance_forward = "forward" in vars(model)
+        original = model.forward
+
+        def forward(*args, **kwargs):
+            stack = self._stack
+            if _active is not self or (stack and stack[-1].module is model):
+                return original(*args, **kwargs)  # already inside model.__call__
+            return self.module_call(model, lambda: original(*args, **kwargs), args, kwargs)
+
+        model.forward = forward
+
+        def restore():
+            if had_instance_forward:
+                model.forward = original
+            else:
+                del model.forward
+
+        self._forward_restore = restore
+
+
+def _host_copy(record: Record, tensor: torch.Tensor) -> Pending:
+    """Copy now (the model may change the tensor in place later); the writer persists it.
+
+    The copy goes through the raw bytes, so dtypes without copy kernels (bits, int1...) work too.
+    """
+    raw = to_bytes_view(tensor)  # a fresh contiguous copy already when the tensor was strided
+    ready = None
+    if tensor.device.type == "cuda":
+        host = torch.empty(raw.shape, dtype=torch.uint8, pin_memory=True)
+        host.copy_(raw, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+    elif tensor.device.type != "cpu":
+        host = raw.cpu()
+    else:
+        host = raw.clone() if tensor.is_contiguous() else raw
+    data = host.view(tensor.dtype).reshape(tensor.shape)
+    return Pending(record=record, data=data, ready=ready, nbytes=host.numel())
+
+
+def _device_summary(record: Record, tensor: torch.Tensor) -> Pending:
+    """Statistics and fingerprint computed where the tensor lives; a GPU tensor stays there."""
+    stats = tensor_stats(tensor)
+    if tensor.device.type == "cpu":
+        return Pending(record=record, stats=stats, fingerprint=xxh3_fingerprint(tensor))
+    packed = torch.cat([stats, wsum64_fingerprint_tensor(tensor).view(1).view(torch.float64)])
+    ready = None
+    if tensor.device.type == "cuda":
+        host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+        host.copy_(packed, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+    else:
+        host = packed.cpu()
+    return Pending(record=record, stats=host[:-1], digest=host[-1:].view(torch.int64)[0], ready=ready)
+
+
+def _ranges(value, what: str):
+    if value is None or isinstance(value, frozenset):
+        return value
+    if isinstance(value, int):
+        return frozenset([value])
+    if isinstance(value, (list, tuple, set)):
+        return frozenset(int(v) for v in value)
+    return parse_ranges(value, what)
+
+
+# ---- the process-wide hook ----
+def _tdiff_module_call(self, *args, **kwargs):
+    capture = _active
+    if capture is None:
+        return _original_call(self, *args, **kwargs)
+    return capture.module_call(self, lambda: _original_call(self, *args, **kwargs), args, kwargs)
+
+
+def _install_call_hook() -> None:
+    global _original_call
+    if _original_call is None:
+        _original_call = torch.nn.Module.__call__
+        torch.nn.Module.__call__ = _tdiff_module_call
+
+
+def _after_fork_in_child() -> None:
+    if _active is not None:
+        _active.after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def active_capture() -> Capture | None:
+    return _active

@@ -1,0 +1,96 @@
+"""Stable names: module paths from the outermost model, sub-names for tensors in nested values.
+
+Examples:
+    >>> list(flatten_tensors((h, {"cos": c, "sin": s})))
+    [('0', h), ('1.cos', c), ('1.sin', s)]
+    >>> tensor_name("model.layers.0.self_attn", "0")
+    'model.layers.0.self_attn[0]'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from collections.abc import Iterator, Mapping
+
+import torch
+
+ROOT_LABEL = "(model)"
+_MAX_DEPTH = 6
+
+# Per-call context objects that hold many tensors every layer receives again (SGLang's
+# ForwardBatch): flattening them would record the same metadata at every module. Adapters record
+# what they need from them once per step instead.
+SKIPPED_TYPES = {"ForwardBatch"}
+
+
+def flatten_tensors(value, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (sub-name, tensor) for every tensor in a nested value, in a stable order."""
+    yield from _flatten(value, prefix, 0, set())
+
+
+def _flatten(value, prefix: str, depth: int, seen: set) -> Iterator[tuple[str, torch.Tensor]]:
+    if isinstance(value, torch.Tensor):
+        yield prefix, value
+        return
+    if depth >= _MAX_DEPTH or value is None or isinstance(value, (str, bytes, int, float, bool)):
+        return
+    if id(value) in seen or type(value).__name__ in SKIPPED_TYPES:
+        return
+    seen = seen | {id(value)}
+    if isinstance(value, Mapping):
+        items = ((str(k), v) for k, v in value.items())
+    elif isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
+        items = zip(value._fields, value)
+    elif isinstance(value, (tuple, list)):
+        items = ((str(i), v) for i, v in enumerate(value))
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = ((f.name, getattr(value, f.name, None)) for f in dataclasses.fields(value))
+    else:
+        return
+    for key, item in items:
+        yield from _flatten(item, f"{prefix}.{key}" if prefix else key, depth + 1, seen)
+
+
+def flatten_call_inputs(args: tuple, kwargs: dict) -> Iterator[tuple[str, torch.Tensor]]:
+    """Positional arguments are named by position, keyword arguments by keyword."""
+    for i, arg in enumerate(args):
+        yield from flatten_tensors(arg, str(i))
+    for key, arg in kwargs.items():
+        yield from flatten_tensors(arg, key)
+
+
+def tensor_name(module_path: str, sub: str) -> str:
+    base = module_path or ROOT_LABEL
+    return base + "".join(f"[{part}]" for part in sub.split(".")) if sub else base
+
+
+def join_path(parent: str, child: str) -> str:
+    return f"{parent}.{child}" if parent and child else parent or child
+
+
+class ModulePaths:
+    """Module -> path from the outermost model, learnt from ``named_modules`` of the first model
+    seen calling it (or given up front)."""
+
+    def __init__(self):
+        self._paths: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def name_tree(self, root: torch.nn.Module, prefix: str = "") -> None:
+        for name, module in root.named_modules(remove_duplicate=True):
+            if module not in self._paths:
+                self._paths[module] = join_path(prefix, name)
+
+    def path_of(self, module: torch.nn.Module, parent: tuple[torch.nn.Module, str] | None) -> str:
+        path = self._paths.get(module)
+        if path is not None:
+            return path
+        if parent is None:
+            self.name_tree(module)  # a new outermost model
+        else:
+            parent_module, parent_path = parent
+            self.name_tree(parent_module, parent_path)  # submodules added after it was named
+            if module not in self._paths:
+                # a module that no parent owns (created on the fly): name it by its class
+                self._paths[module] = join_path(parent_path, type(module).__name__)
+        return self._paths[module]

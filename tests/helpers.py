@@ -1,0 +1,44 @@
+"""Test helpers: tiny real models (random weights from small configs) and CLI runners."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from click.testing import CliRunner
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = REPO / "examples" / "demo" / "run.py"
+
+
+def tiny_qwen2(dtype=torch.float32, layers: int = 2, seed: int = 0):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(config).to(dtype).eval()
+
+
+def token_ids(tokens: int = 12, seed: int = 1, vocab: int = 128) -> torch.Tensor:
+    return torch.randint(0, vocab, (1, tokens), generator=torch.Generator().manual_seed(seed))
+
+
+def tdiff_cli(*args, expect: int | None = None):
+    """Run the CLI in-process through click's CliRunner; checks the exit code when given."""
+    from tdiff.cli import cli
+
+    result = CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+    if expect is not None:
+        assert result.exit_code == expect, (result.exit_code, result.output)
+    return result
+
+
+def tdiff_process(*args, cwd=None, env=None, timeout=600):
+    """Run the CLI as a real subprocess (python -m tdiff)."""
+    return subprocess.run([sys.executable, "-m", "tdiff", *map(str, args)], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})

@@ -1,0 +1,203 @@
+"""Capture on real transformers models: names, order, steps, aliases, filters and modes."""
+
+import torch
+
+import tdiff
+from tdiff.compare import compare_dumps
+from tdiff.store import open_dump
+from tests.helpers import tiny_qwen2, token_ids
+
+
+def capture_qwen2(path, *, model=None, ids=None, **options):
+    model = model or tiny_qwen2()
+    with torch.no_grad(), tdiff.capture(path, **options):
+        logits = model(ids if ids is not None else token_ids()).logits
+        tdiff.dump("logprobs", torch.log_softmax(logits.float(), -1))
+    return open_dump(path)
+
+
+def test_inputs_and_outputs_in_execution_order_with_paths_from_the_outermost_model(tmp_path):
+    dump = capture_qwen2(tmp_path / "a")
+    events = [(r.role, r.module) for r in dump.records]
+    mlp_in = events.index(("input", "model.layers.1.mlp"))
+    up_out = events.index(("output", "model.layers.1.mlp.up_proj"))
+    mlp_out = events.index(("output", "model.layers.1.mlp"))
+    layer_out = events.index(("output", "model.layers.1"))
+    assert mlp_in < up_out < mlp_out < layer_out
+    assert events[-1] == ("explicit", "")
+    record = next(r for r in dump.records if r.module == "model.layers.1.mlp.up_proj" and r.role == "output")
+    assert (record.module_class, record.parent, record.step, record.call, record.rank) == (
+        "Linear", "model.layers.1.mlp", 0, 0, 0)
+    assert record.dtype == "float32" and record.shape == (1, 12, 128)
+    assert record.stats["nan"] == 0 and record.fingerprint.startswith("xxh3:")
+    assert any(r.name == "model.layers.0[position_embeddings][0]" for r in dump.records)
+
+
+def test_two_identical_runs_match_bitwise(tmp_path):
+    a, b = capture_qwen2(tmp_path / "a"), capture_qwen2(tmp_path / "b")
+    report = compare_dumps(a, b)
+    assert report.status == "match"
+    assert report.counts()["compared"] == len(a.records) > 50
+
+
+def test_a_planted_one_ulp_change_is_found_at_its_module(tmp_path):
+    model = tiny_qwen2(torch.bfloat16)
+    a = capture_qwen2(tmp_path / "a", model=model)
+
+    def plant(module, args, output):
+        output = output.clone()
+        output.view(torch.int16).view(-1)[5] += 1  # one ULP in one bf16 element
+        return output
+
+    handle = model.get_submodule("model.layers.1.mlp.up_proj").register_forward_hook(plant)
+    b = capture_qwen2(tmp_path / "b", model=model)
+    handle.remove()
+    first = compare_dumps(a, b).first_divergence
+    assert (first.name, first.record.module, first.record.role) == (
+        "model.layers.1.mlp.up_proj", "model.layers.1.mlp.up_proj", "output")
+    assert first.metrics.mismatched == 1 and first.metrics.max_ulp == 1
+
+
+def test_a_shared_module_gets_one_call_index_per_invocation(tmp_path):
+    class Twice(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.proj(self.proj(x))
+
+    with tdiff.capture(tmp_path / "d"):
+        Twice()(torch.ones(2, 4))
+    outputs = [(r.name, r.call) for r in open_dump(tmp_path / "d").records if r.role == "output"]
+    assert outputs == [("proj", 0), ("proj", 1), ("(model)", 0)]
+
+
+def test_steps_advance_per_forward_and_explicit_dumps_join_their_forward(tmp_path):
+    model = tiny_qwen2()
+    with torch.no_grad(), tdiff.capture(tmp_path / "d", select=["^lm_head$"]):
+        for _ in range(3):
+            logits = model(token_ids()).logits
+            tdiff.dump("logits_after", logits)
+    records = open_dump(tmp_path / "d").records
+    assert [(r.name, r.role, r.step) for r in records if r.role != "input"] == [
+        ("lm_head", "output", 0), ("logits_after", "explicit", 0),
+        ("lm_head", "output", 1), ("logits_after", "explicit", 1),
+        ("lm_head", "output", 2), ("logits_after", "explicit", 2)]
+
+
+def test_explicit_steps_take_over(tmp_path):
+    model = tiny_qwen2()
+    with torch.no_grad(), tdiff.capture(tmp_path / "d", select=["^lm_head$"]):
+        for _ in range(2):
+            model(token_ids())  # two micro-batches of one step
+            model(token_ids())
+            tdiff.step()
+    steps = [(r.step, r.call) for r in open_dump(tmp_path / "d").records if r.role == "output"]
+    # the second forward of the first iteration still advanced the step on its own; from the
+    # first tdiff.step() on, only tdiff.step() advances it
+    assert steps == [(0, 0), (1, 0), (2, 0), (2, 1)]
+
+
+def test_dump_and_step_are_no_ops_without_a_capture():
+    x = torch.ones(2)
+    assert tdiff.dump("x", x) is x
+    tdiff.step()
+
+
+def test_model_argument_captures_an_engine_that_calls_forward_directly(tmp_path):
+    model = tiny_qwen2()
+    with torch.no_grad(), tdiff.capture(tmp_path / "d", model=model):
+        model.forward(token_ids())   # SGLang-style: no __call__ on the root
+        model(token_ids())           # and the usual way: recorded once, not twice
+    records = open_dump(tmp_path / "d").records
+    roots = [(r.step, r.role) for r in records if r.module == "" and r.role == "output"]
+    assert roots == [(0, "output"), (1, "output")]
+    assert any(r.module == "model.layers.0.mlp" for r in records)
+    assert "forward" not in vars(model)  # the wrapper is gone after the capture
+
+
+def test_an_input_that_is_the_previous_output_is_stored_once_by_reference(tmp_path):
+    dump = capture_qwen2(tmp_path / "a")
+    norm_out = next(r for r in dump.records if r.name == "model.layers.0.input_layernorm")
+    q_in = next(r for r in dump.records if r.name == "model.layers.0.self_attn.q_proj[0]")
+    assert q_in.alias_of == norm_out.seq and (q_in.file, q_in.key) == (norm_out.file, norm_out.key)
+    assert torch.equal(dump.load(q_in), dump.load(norm_out))
+
+
+def test_a_tensor_changed_in_place_is_stored_again(tmp_path):
+    class InPlace(torch.nn.Module):
+        def forward(self, x):
+            return x.mul_(2)
+
+    class Outer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first, self.second = torch.nn.Identity(), InPlace()
+
+        def forward(self, x):
+            return self.second(self.first(x))
+
+    with tdiff.capture(tmp_path / "d"):
+        Outer()(torch.ones(3))
+    dump = open_dump(tmp_path / "d")
+    by_name = {(r.name, r.role): r for r in dump.records}
+    before = dump.load(by_name[("second[0]", "input")])
+    after = dump.load(by_name[("second", "output")])
+    assert torch.equal(before, torch.ones(3)) and torch.equal(after, torch.full((3,), 2.0))
+
+
+def test_select_exclude_layers_and_steps_filter_what_is_recorded(tmp_path):
+    model = tiny_qwen2()
+    with torch.no_grad(), tdiff.capture(tmp_path / "d", select=["mlp"], exclude=["act_fn"], layers="1",
+                                        steps="1"):
+        model(token_ids())
+        model(token_ids())
+        tdiff.dump("logprobs", torch.zeros(2))
+    records = open_dump(tmp_path / "d").records
+    modules = {r.module for r in records if r.role != "explicit"}
+    assert modules == {"model.layers.1.mlp", "model.layers.1.mlp.gate_proj", "model.layers.1.mlp.up_proj",
+                       "model.layers.1.mlp.down_proj"}
+    assert {r.step for r in records} == {1}
+    assert any(r.name == "logprobs" for r in records)
+
+
+def test_stats_mode_keeps_fingerprints_that_catch_one_ulp(tmp_path):
+    model = tiny_qwen2(torch.bfloat16)
+    a = capture_qwen2(tmp_path / "a", model=model, mode="stats")
+    assert all(r.file is None and r.fingerprint for r in a.records)
+    handle = model.get_submodule("model.layers.0.self_attn.o_proj").register_forward_hook(
+        lambda m, i, o: o.view(torch.int16).view(-1).__setitem__(0, o.view(torch.int16).view(-1)[0] + 1))
+    b = capture_qwen2(tmp_path / "b", model=model, mode="stats")
+    handle.remove()
+    report = compare_dumps(a, b)
+    assert report.first_divergence.name == "model.layers.0.self_attn.o_proj"
+    assert "fingerprints differ" in report.first_divergence.reason
+
+
+def test_the_memory_cap_makes_capture_wait_and_loses_nothing(tmp_path):
+    tensors = [torch.full((256, 256), float(i)) for i in range(40)]  # 256 KiB each, 10 MiB in all
+    with tdiff.capture(tmp_path / "d", max_pending_bytes=1 << 20) as cap:
+        for i, t in enumerate(tensors):
+            tdiff.dump(f"t{i}", t)
+        writer = cap.writer
+        assert writer.peak_pending_bytes <= 1 << 20
+    assert writer.waits > 0
+    dump = open_dump(tmp_path / "d")
+    assert len(dump.records) == 40
+    for record in dump.records:
+        assert torch.equal(dump.load(record), tensors[int(record.name[1:])])
+
+
+def test_rank_comes_from_the_environment_before_torch_distributed_starts(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "3")
+    with tdiff.capture(tmp_path / "d"):
+        tdiff.dump("x", torch.ones(1))
+    assert open_dump(tmp_path / "d").records[0].rank == 3
+
+
+def test_h5_storage_captures_and_compares(tmp_path):
+    a = capture_qwen2(tmp_path / "a", storage="h5")
+    b = capture_qwen2(tmp_path / "b", storage="h5")
+    assert all(r.file.endswith(".h5") for r in a.records)
+    assert compare_dumps(a, b).status == "match"

@@ -1,0 +1,226 @@
+"""Compare two dumps: pair tensors, load each pair, compute metrics, stream the results.
+
+Memory stays a small multiple of the largest tensor: one pair is loaded at a time and dropped
+once measured. A tensor stored once for several records (aliases) is measured once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from tdiff.compare.metrics import EXACT, TensorMetrics, Tolerance, compare_tensors, json_number
+from tdiff.compare.pairing import NamePairing, Pair, Pairing, Side
+from tdiff.errors import TdiffError
+from tdiff.hooks.selection import compile_patterns, layer_of
+from tdiff.store import Dump, Record
+from tdiff.store.fingerprint import fingerprint_algorithm, fingerprint_as
+
+DIVERGED_STATUSES = ("mismatch", "only_a", "only_b", "shape_mismatch", "dtype_mismatch")
+
+
+@dataclass
+class Comparison:
+    """The verdict on one pair."""
+
+    name: str
+    status: str                         # "match" or one of DIVERGED_STATUSES
+    a: Record | None
+    b: Record | None
+    metrics: TensorMetrics | None = None
+    reason: str | None = None
+    kind: str | None = None
+    plan_a: list[str] = field(default_factory=list)
+    plan_b: list[str] = field(default_factory=list)
+
+    @property
+    def diverged(self) -> bool:
+        return self.status != "match"
+
+    @property
+    def record(self) -> Record:
+        return self.a or self.b
+
+    @property
+    def layer(self) -> int | None:
+        return layer_of(self.record.module) if self.record.role != "explicit" else None
+
+    def to_json(self) -> dict:
+        r = self.record
+        out = {"name": self.name, "status": self.status, "role": r.role, "step": r.step,
+               "call": r.call, "rank": r.rank, "module": self.a.module if self.a else None,
+               "module_b": self.b.module if self.b else None, "layer": self.layer,
+               "kind": self.kind, "dtype_a": self.a.dtype if self.a else None,
+               "dtype_b": self.b.dtype if self.b else None,
+               "shape_a": list(self.a.shape) if self.a else None,
+               "shape_b": list(self.b.shape) if self.b else None}
+        if self.reason:
+            out["reason"] = self.reason
+        if self.metrics is not None:
+            out["metrics"] = self.metrics.to_json()
+        if self.plan_a or self.plan_b:
+            out["plan"] = {"a": self.plan_a, "b": self.plan_b}
+        return out
+
+
+@dataclass
+class CompareOptions:
+    tolerance: Tolerance = EXACT
+    layer: int | None = None
+    select: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CompareReport:
+    a: Dump
+    b: Dump
+    options: CompareOptions
+    comparisons: list[Comparison]
+
+    @property
+    def status(self) -> str:
+        return "diverged" if any(c.diverged for c in self.comparisons) else "match"
+
+    @property
+    def first_divergence(self) -> Comparison | None:
+        return next((c for c in self.comparisons if c.diverged), None)
+
+    def counts(self) -> dict:
+        counts = {"compared": len(self.comparisons), "match": 0}
+        for status in DIVERGED_STATUSES:
+            counts[status] = 0
+        for c in self.comparisons:
+            counts[c.status] += 1
+        return counts
+
+    def to_json(self) -> dict:
+        first = self.first_divergence
+        return {
+            "status": self.status,
+            "a": {"path": str(self.a.path), "side": self.a.side, "problems": self.a.problems},
+            "b": {"path": str(self.b.path), "side": self.b.side, "problems": self.b.problems},
+            "tolerance": self.options.tolerance.describe(),
+            "summary": self.counts(),
+            "first_divergence": first.to_json() if first else None,
+            "tensors": [c.to_json() for c in self.comparisons],
+        }
+
+
+def compare_dumps(a: Dump, b: Dump, options: CompareOptions | None = None, *,
+                  pairing: Pairing | None = None,
+                  progress: Callable[[int, int], None] | None = None) -> CompareReport:
+    options = options or CompareOptions()
+    pairs = [p for p in (pairing or NamePairing()).pair(a, b) if _wanted(p, options)]
+    if not pairs:
+        raise TdiffError(_nothing_to_compare(options))
+    comparator = PairComparator(a, b, options.tolerance)
+    comparisons = []
+    for done, pair in enumerate(pairs, 1):
+        comparisons.append(comparator.compare(pair))
+        if progress is not None:
+            progress(done, len(pairs))
+    return CompareReport(a, b, options, comparisons)
+
+
+def _wanted(pair: Pair, options: CompareOptions) -> bool:
+    record = pair.record
+    if options.layer is not None and (record.role == "explicit" or layer_of(record.module) != options.layer):
+        return False
+    patterns = compile_patterns(options.select, "--select")
+    return not patterns or any(p.search(pair.name) for p in patterns)
+
+
+def _nothing_to_compare(options: CompareOptions) -> str:
+    if options.layer is not None:
+        return f"nothing to compare: neither dump has tensors of layer {options.layer}"
+    return f"nothing to compare: no tensor name matches --select {' '.join(options.select)}"
+
+
+class PairComparator:
+    """Compares pairs of one dump pair; remembers results for tensors stored once (aliases)."""
+
+    def __init__(self, a: Dump, b: Dump, tolerance: Tolerance):
+        self.dumps = (a, b)
+        self.tolerance = tolerance
+        self._measured: dict[tuple, tuple[str, TensorMetrics | None, str | None]] = {}
+
+    def compare(self, pair: Pair) -> Comparison:
+        if pair.a is None or pair.b is None:
+            status = "only_b" if pair.a is None else "only_a"
+            side = "B" if pair.a is None else "A"
+            return self._result(pair, status, reason=f"captured on side {side} only")
+        ra, rb = pair.a.record, pair.b.record
+        if pair.a.load is None and pair.b.load is None:
+            # the shapes and dtypes are known before loading when tensors are compared as stored
+            if ra.shape != rb.shape:
+                return self._result(pair, "shape_mismatch",
+                                    reason=f"shape {list(ra.shape)} vs {list(rb.shape)}")
+            if not (ra.has_data and rb.has_data):
+                return self._compare_fingerprints(pair)
+        cache_key = self._cache_key(pair)
+        if cache_key in self._measured:
+            return self._result(pair, *self._measured[cache_key])
+        ta, tb = self._load(pair.a, 0), self._load(pair.b, 1)
+        if ta.shape != tb.shape:
+            verdict = ("shape_mismatch", None, f"shape {list(ta.shape)} vs {list(tb.shape)}")
+        else:
+            metrics = compare_tensors(ta, tb, self.tolerance)
+            if ta.dtype != tb.dtype:
+                verdict = ("dtype_mismatch", metrics, f"dtype {_dtype(ta)} vs {_dtype(tb)}")
+            else:
+                verdict = ("match" if metrics.within(self.tolerance) else "mismatch", metrics, None)
+        if cache_key is not None:
+            self._measured[cache_key] = verdict
+        return self._result(pair, *verdict)
+
+    def _load(self, side: Side, which: int):
+        return side.load() if side.load is not None else self.dumps[which].load(side.record)
+
+    @staticmethod
+    def _cache_key(pair: Pair) -> tuple | None:
+        if pair.a.load is not None or pair.b.load is not None or len(pair.a.records) + len(pair.b.records) != 2:
+            return None
+        ra, rb = pair.a.record, pair.b.record
+        return (ra.file, ra.key, ra.dtype, ra.shape, rb.file, rb.key, rb.dtype, rb.shape)
+
+    def _compare_fingerprints(self, pair: Pair) -> Comparison:
+        """Stats-mode records carry a fingerprint instead of data: equal fingerprints are equal bits."""
+        ra, rb = pair.a.record, pair.b.record
+        if ra.dtype != rb.dtype:
+            return self._result(pair, "dtype_mismatch", reason=f"dtype {ra.dtype} vs {rb.dtype}")
+        fa, fb = ra.fingerprint, rb.fingerprint
+        algo_a, algo_b = fingerprint_algorithm(fa), fingerprint_algorithm(fb)
+        if algo_a != algo_b:
+            if ra.has_data:
+                fa = fingerprint_as(self.dumps[0].load(ra), algo_b)
+            elif rb.has_data:
+                fb = fingerprint_as(self.dumps[1].load(rb), algo_a)
+            else:
+                return self._result(pair, "mismatch", reason=(
+                    f"fingerprints of different kinds ({algo_a} vs {algo_b}) cannot be compared; "
+                    "capture one side in full mode"))
+        if fa is not None and fa == fb:
+            return self._result(pair, "match", reason="equal fingerprints (stats mode)")
+        return self._result(pair, "mismatch", reason="fingerprints differ (stats mode): " +
+                            _stats_delta(ra.stats or {}, rb.stats or {}))
+
+    def _result(self, pair: Pair, status: str, metrics: TensorMetrics | None = None,
+                reason: str | None = None) -> Comparison:
+        return Comparison(name=pair.name, status=status, a=pair.a.record if pair.a else None,
+                          b=pair.b.record if pair.b else None, metrics=metrics, reason=reason,
+                          kind=pair.kind, plan_a=pair.a.plan if pair.a else [],
+                          plan_b=pair.b.plan if pair.b else [])
+
+
+def _dtype(t) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def _stats_delta(sa: dict, sb: dict) -> str:
+    parts = []
+    for key in ("mean", "abs_mean", "min", "max", "nan", "inf"):
+        va, vb = sa.get(key), sb.get(key)
+        if va != vb:
+            parts.append(f"{key} {json_number(va)} vs {json_number(vb)}")
+    return ", ".join(parts) if parts else "statistics equal"
+

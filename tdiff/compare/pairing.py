@@ -1,0 +1,84 @@
+"""Pairing: which tensor of side A is compared with which tensor of side B.
+
+The stage is pluggable: :class:`NamePairing` pairs tensors of two runs of the same program by
+(name, step, call, role, rank); cross-framework alignment supplies its own pairing, which may
+also attach a plan that reshapes or reassembles tensors before they are compared.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import torch
+
+from tdiff.store import Dump, Record
+
+
+@dataclass
+class Side:
+    """One side of a pair: the records it is built from and how to turn them into one tensor."""
+
+    records: list[Record]
+    load: Callable[[], torch.Tensor] | None = None  # default: load the single record as stored
+    plan: list[str] = field(default_factory=list)   # human-readable steps of that transform
+
+    @property
+    def record(self) -> Record:
+        return self.records[0]
+
+
+@dataclass
+class Pair:
+    name: str
+    a: Side | None
+    b: Side | None
+    kind: str | None = None       # the op boundary kind, when an adapter knows it
+
+    @property
+    def record(self) -> Record:
+        return (self.a or self.b).record
+
+
+class Pairing(Protocol):
+    def pair(self, a: Dump, b: Dump) -> list[Pair]:
+        """Pairs in side A's execution order, with B-only entries placed after their predecessor."""
+
+
+class NamePairing:
+    """Tensors of two runs of the same program, paired by (name, step, call, role, rank)."""
+
+    def pair(self, a: Dump, b: Dump) -> list[Pair]:
+        return merge_in_order(a.records, b.records, key=lambda r: r.pair_key,
+                              make=lambda ra, rb: Pair(name=(ra or rb).name,
+                                                       a=Side([ra]) if ra else None,
+                                                       b=Side([rb]) if rb else None))
+
+
+def merge_in_order(items_a, items_b, *, key, make) -> list:
+    """Pair items with equal keys, in A's order; a B-only item follows the pair of the B item
+    before it (or leads, if none came before). Repeated keys pair up in order of occurrence."""
+    by_key: dict = defaultdict(deque)
+    for item in items_b:
+        by_key[key(item)].append(item)
+    position_of_b: dict[int, int] = {}
+    pairs = []
+    for item in items_a:
+        partners = by_key.get(key(item))
+        partner = partners.popleft() if partners else None
+        if partner is not None:
+            position_of_b[id(partner)] = len(pairs)
+        pairs.append(make(item, partner))
+    after: dict[int, list] = defaultdict(list)
+    anchor = -1
+    for item in items_b:
+        if id(item) in position_of_b:
+            anchor = position_of_b[id(item)]
+        else:
+            after[anchor].append(make(None, item))
+    ordered = list(after.get(-1, []))
+    for index, pair in enumerate(pairs):
+        ordered.append(pair)
+        ordered.extend(after.get(index, []))
+    return ordered

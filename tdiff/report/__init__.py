@@ -1,0 +1,1 @@
+"""Reports: the terminal table now; Markdown and HTML for pull requests."""

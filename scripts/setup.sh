@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Create .venv (or $TDIFF_VENV) with tdiff and everything its demo and tests use. Idempotent:
+# a stamp of the requirement files skips the install when nothing changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv="${TDIFF_VENV:-.venv}"
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+# shellcheck disable=SC1091
+. "$venv/bin/activate"
+stamp="$venv/.tdiff-setup"
+digest=$(cat pyproject.toml requirements/*.txt scripts/setup.sh | sha256sum | cut -c1-16)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$digest" ]; then
+  exit 0
+fi
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+log="$venv/.tdiff-setup.log"
+pip_install() {  # pip's output goes to the log, and is shown when pip fails
+  echo "setup: pip install $*" >&2
+  pip install "$@" >"$log" 2>&1 || { cat "$log" >&2; echo "setup: pip install failed" >&2; exit 1; }
+}
+# torch first and pinned: the CPU build from local disk, never a CUDA download
+python -c "import torch" 2>/dev/null || pip_install torch==2.13.0
+pip_install -c requirements/constraints.txt -e ".[test,hf,megatron,report]"
+pip_install -c requirements/constraints.txt --no-deps sglang
+pip_install -c requirements/constraints.txt -r requirements/sglang-cpu.txt
+python -c "import tdiff, torch, transformers, megatron.core, sglang, safetensors, h5py" \
+  || { echo "setup: the environment in $venv is incomplete" >&2; exit 1; }
+echo "$digest" > "$stamp"

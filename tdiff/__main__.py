@@ -1,0 +1,5 @@
+import sys
+
+from tdiff.cli import main
+
+sys.exit(main())

@@ -1,0 +1,70 @@
+"""The ``tdiff`` command. Each subcommand lives in its own module and is imported on first use,
+so ``tdiff --help`` is instant and a command whose optional dependency is missing says so."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+import tdiff
+from tdiff.errors import TdiffError
+
+COMMANDS = {
+    "capture": "tdiff.cli.capture:capture",
+    "compare": "tdiff.cli.compare:compare",
+}
+_SUMMARIES = {
+    "capture": "Run a command and dump module inputs/outputs of its Python processes.",
+    "compare": "Compare two dumps tensor by tensor (bitwise by default).",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return list(COMMANDS)
+
+    def get_command(self, ctx, name):
+        target = COMMANDS.get(name)
+        if target is None:
+            return None
+        module_name, attr = target.split(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise TdiffError(f"`tdiff {name}` needs the package {exc.name!r}, which is not installed; "
+                             "see the README's install section") from None
+        return getattr(module, attr)
+
+    def format_commands(self, ctx, formatter):
+        rows = [(name, _SUMMARIES.get(name, "")) for name in COMMANDS]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except TdiffError as exc:
+            click.echo(f"tdiff: error: {exc}", err=True)
+            ctx.exit(2)
+        except KeyboardInterrupt:
+            click.echo("tdiff: interrupted", err=True)
+            ctx.exit(130)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(tdiff.__version__, prog_name="tdiff")
+def cli():
+    """tdiff: find the first op where two runs of the same model part numerically.
+
+    Exit codes: 0 match, 1 divergence found, 2 bad input or usage.
+    """
+
+
+def main(argv=None):
+    return cli.main(args=argv, prog_name="tdiff")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""tdiff capture: run a command with capture active in every Python process it starts."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from tdiff.bootstrap import child_environment
+from tdiff.cli.options import parse_size
+from tdiff.errors import TdiffError
+from tdiff.hooks.selection import compile_patterns, parse_ranges
+from tdiff.store.manifest import DUMP_FILE, create_dump, update_dump_info
+from tdiff.store.reader import open_dump
+from tdiff.store.storage import STORAGES
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--out", "-o", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Dump directory to create.")
+@click.option("--side", help="Label of this run in reports (default: the directory name).")
+@click.option("--select", multiple=True, metavar="REGEX", help="Record only modules whose path matches (repeatable).")
+@click.option("--exclude", multiple=True, metavar="REGEX", help="Skip modules and dumps whose name matches (repeatable).")
+@click.option("--layers", metavar="RANGES", help="Record only these decoder layers, e.g. 0-3,7.")
+@click.option("--steps", metavar="RANGES", help="Record only these steps (forward passes), e.g. 0-1.")
+@click.option("--mode", type=click.Choice(["full", "stats"]), default="full", show_default=True,
+              help="full: store tensors; stats: fingerprints and statistics only.")
+@click.option("--format", "storage", type=click.Choice(list(STORAGES)), default="safetensors",
+              show_default=True, help="Tensor file format.")
+@click.option("--max-pending", default="2GiB", show_default=True, metavar="SIZE",
+              help="Host memory pending writes may hold; capture waits at the cap.")
+@click.option("--force", is_flag=True, help="Replace an existing dump in --out.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def capture(out, side, select, exclude, layers, steps, mode, storage, max_pending, force, command):
+    """Run COMMAND and dump module inputs and outputs of every Python process it starts.
+
+    \b
+    tdiff capture --out dumps/a -- python run.py
+    tdiff capture --out dumps/b --layers 0-3 --mode stats -- torchrun --nproc-per-node 2 train.py
+
+    Each process (rank) writes its own manifest and shards into --out. Exit status: the
+    command's own when it fails, 2 when nothing was captured, else 0.
+    """
+    compile_patterns(select, "--select")
+    compile_patterns(exclude, "--exclude")
+    config = {"out": str(out.resolve()), "side": side or out.name, "select": list(select),
+              "exclude": list(exclude), "layers": _ranges_text(layers, "--layers"),
+              "steps": _ranges_text(steps, "--steps"), "mode": mode, "storage": storage,
+              "max_pending_bytes": parse_size(max_pending, "--max-pending")}
+    _prepare_out(out, force)
+    create_dump(out, {"side": config["side"], "mode": mode, "storage": storage,
+                      "command": list(command)})
+    started = time.time()
+    try:
+        completed = subprocess.run(list(command), env=child_environment(capture=config))
+    except FileNotFoundError:
+        raise TdiffError(f"command not found: {command[0]}") from None
+    except PermissionError:
+        raise TdiffError(f"command is not executable: {command[0]}") from None
+    update_dump_info(out, exit_code=completed.returncode, seconds=round(time.time() - started, 3))
+    _summarize(out, completed.returncode)
+    if completed.returncode != 0:
+        # like a shell: a command killed by signal N exits 128 + N
+        sys.exit(completed.returncode if completed.returncode > 0 else 128 - completed.returncode)
+
+
+def _ranges_text(text: str | None, what: str) -> str | None:
+    parse_ranges(text, what)  # validate before the command starts
+    return text
+
+
+def _prepare_out(out: Path, force: bool) -> None:
+    if not out.exists() or not any(out.iterdir()):
+        return
+    if not (out / DUMP_FILE).is_file():
+        raise TdiffError(f"{out} exists and is not a dump; choose another --out")
+    if not force:
+        raise TdiffError(f"{out} already holds a dump; pass --force to replace it")
+    shutil.rmtree(out)
+
+
+def _summarize(out: Path, returncode: int) -> None:
+    from tdiff.errors import DumpError
+
+    try:
+        dump = open_dump(out, allow_incomplete=True)
+    except DumpError as exc:
+        if returncode != 0:
+            click.echo(f"tdiff: the command {_ending(returncode)} and nothing was captured", err=True)
+            return
+        raise TdiffError(f"{exc}. Is the command running a torch model in Python?") from None
+    processes = len(dump.parts)
+    stored = sum(1 for r in dump.records if r.has_data and r.alias_of is None)
+    click.echo(f"tdiff: captured {len(dump.records)} tensors ({stored} stored, the rest by reference "
+               f"or as statistics) from {processes} process(es) into {out}", err=True)
+    for problem in dump.problems:
+        click.echo(f"tdiff: warning: the dump is incomplete: {problem}", err=True)
+
+
+def _ending(returncode: int) -> str:
+    return f"was killed by signal {-returncode}" if returncode < 0 else f"exited with code {returncode}"

@@ -1,0 +1,42 @@
+"""tdiff compare: pair two dumps' tensors and measure every pair."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from tdiff.cli.options import tolerance_from, tolerance_options
+from tdiff.compare.engine import CompareOptions, compare_dumps
+from tdiff.report.console import make_console, render_compare
+from tdiff.store.reader import open_dump
+
+
+@click.command()
+@click.argument("dump_a", metavar="A")
+@click.argument("dump_b", metavar="B")
+@click.option("--layer", type=int, help="Only tensors of decoder layer N.")
+@click.option("--select", multiple=True, metavar="REGEX", help="Only tensors whose name matches (repeatable).")
+@tolerance_options
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@click.option("--top", type=int, default=50, show_default=True,
+              help="Show at most K rows: the K worst divergences and the first one (0: all).")
+@click.option("--allow-incomplete", is_flag=True, help="Compare what an incomplete dump holds.")
+def compare(dump_a, dump_b, layer, select, exact, atol, rtol, as_json, top, allow_incomplete):
+    """Compare dumps A and B tensor by tensor.
+
+    Tensors are paired by name, step, call index, role and rank. The verdict is bitwise unless
+    --atol/--rtol relax it. A tensor on one side only counts as a divergence.
+
+    Exit status: 0 all tensors match, 1 a divergence, 2 bad input.
+    """
+    tolerance = tolerance_from(exact, atol, rtol)
+    a = open_dump(dump_a, allow_incomplete=allow_incomplete)
+    b = open_dump(dump_b, allow_incomplete=allow_incomplete)
+    report = compare_dumps(a, b, CompareOptions(tolerance=tolerance, layer=layer, select=list(select)))
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=1))
+    else:
+        render_compare(report, make_console(), top=top)
+    sys.exit(0 if report.status == "match" else 1)

@@ -1,0 +1,39 @@
+"""Options shared by several commands, and their conversion to library objects."""
+
+from __future__ import annotations
+
+import re
+
+import click
+
+from tdiff.compare.metrics import EXACT, Tolerance
+from tdiff.errors import TdiffError
+
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*", re.IGNORECASE)
+
+
+def tolerance_options(command):
+    command = click.option("--rtol", type=float, help="Relative tolerance: |a-b| <= atol + rtol*|b|.")(command)
+    command = click.option("--atol", type=float, help="Absolute tolerance (relaxes the bitwise verdict).")(command)
+    command = click.option("--exact", is_flag=True, help="Bitwise verdict (the default).")(command)
+    return command
+
+
+def tolerance_from(exact: bool, atol: float | None, rtol: float | None) -> Tolerance:
+    if exact and (atol is not None or rtol is not None):
+        raise TdiffError("--exact cannot be combined with --atol/--rtol")
+    for name, value in (("--atol", atol), ("--rtol", rtol)):
+        if value is not None and not value >= 0:
+            raise TdiffError(f"{name} must be a non-negative number, not {value}")
+    if atol is None and rtol is None:
+        return EXACT
+    return Tolerance(atol=atol or 0.0, rtol=rtol or 0.0)
+
+
+def parse_size(text: str, what: str) -> int:
+    """'2GiB', '512M', '4096' style sizes in bytes (k/m/g/t are powers of 1024)."""
+    match = _SIZE.fullmatch(text)
+    if not match:
+        raise TdiffError(f"{what} {text!r} is not a size like 512M or 2GiB")
+    scale = 1024 ** "_kmgt".index(match.group(2).lower() or "_")
+    return int(float(match.group(1)) * scale)

@@ -1,0 +1,51 @@
+"""tdiff compare through click's CliRunner: exit codes, JSON, messages."""
+
+import json
+
+import torch
+
+import tdiff
+from tests.helpers import tdiff_cli
+
+
+def dump_of(path, **tensors):
+    with tdiff.capture(path):
+        for name, tensor in tensors.items():
+            tdiff.dump(name, tensor)
+    return path
+
+
+def test_match_exits_0_and_divergence_exits_1_with_json(tmp_path):
+    a = dump_of(tmp_path / "a", x=torch.ones(3), y=torch.arange(4.0))
+    b = dump_of(tmp_path / "b", x=torch.ones(3), y=torch.arange(4.0) * 1.5)
+    result = tdiff_cli("compare", a, a, expect=0)
+    assert "match: all 2 tensors equal" in result.output
+    result = tdiff_cli("compare", a, b, "--json", expect=1)
+    report = json.loads(result.output)
+    assert report["status"] == "diverged" and report["first_divergence"]["name"] == "y"
+    assert report["summary"] == {"compared": 2, "match": 1, "mismatch": 1, "only_a": 0, "only_b": 0,
+                                 "shape_mismatch": 0, "dtype_mismatch": 0}
+    assert report["first_divergence"]["metrics"]["mismatched"] == 3
+
+
+def test_bad_input_exits_2_with_one_line(tmp_path):
+    a = dump_of(tmp_path / "a", x=torch.ones(3))
+    for args, message in [((a, tmp_path / "nope"), "no such dump directory"),
+                          ((a, a, "--exact", "--atol", "1"), "--exact cannot be combined"),
+                          ((a, a, "--atol", "-1"), "--atol must be a non-negative number"),
+                          ((a, a, "--layer", "4"), "nothing to compare")]:
+        result = tdiff_cli("compare", *args, expect=2)
+        assert message in result.output
+        assert "Traceback" not in result.output
+
+
+def test_layer_option_restricts_to_one_layer(tmp_path):
+    from tests.helpers import tiny_qwen2, token_ids
+
+    model = tiny_qwen2()
+    for side in ("a", "b"):
+        with torch.no_grad(), tdiff.capture(tmp_path / side):
+            model(token_ids())
+    report = json.loads(tdiff_cli("compare", tmp_path / "a", tmp_path / "b", "--layer", "1", "--json",
+                                  expect=0).output)
+    assert report["tensors"] and all(t["layer"] == 1 for t in report["tensors"])

@@ -55,7 +55,7 @@ class Capture:
     def __init__(self, out_dir, *, side: str | None = None, select=(), exclude=(), layers=None,
                  steps=None, mode: str = "full", storage: str = "safetensors", model=None,
                  max_pending_bytes: int = DEFAULT_MAX_PENDING,
-                 shard_bytes: int = DEFAULT_SHARD_BYTES, run_info: dict | None = None):
+                 shard_bytes: int = DEFAULT_SHARD_BYTES):
         if mode not in MODES:
             raise TdiffError(f"--mode {mode!r}: use one of {', '.join(MODES)}")
         if storage not in STORAGES:
@@ -69,7 +69,6 @@ class Capture:
         self.model = model
         self.max_pending_bytes = max_pending_bytes
         self.shard_bytes = shard_bytes
-        self.run_info = run_info or {}
         self.writer: DumpWriter | None = None
         self.step_index = 0
         self._manual_steps = False
@@ -87,11 +86,8 @@ class Capture:
         global _active
         if _active is not None:
             raise TdiffError(f"a capture into {_active.root} is already active in this process")
-        try:
-            create_dump(self.root, {"side": self.side, "mode": self.mode, "storage": self.storage,
-                                    "tdiff": tdiff.__version__, **self.run_info})
-        except OSError as exc:
-            raise TdiffError(f"cannot create dump directory {self.root}: {exc.strerror}") from None
+        create_dump(self.root, {"side": self.side, "mode": self.mode, "storage": self.storage,
+                                "tdiff": tdiff.__version__})
         self.writer = self._new_writer()
         if self.model is not None:
             self._paths.name_tree(self.model)

@@ -71,10 +71,13 @@ def check_format(data: object, where: str) -> dict:
 
 def create_dump(root: Path, info: dict) -> None:
     """Make ``root`` a dump directory (idempotent; concurrent writers agree on one header)."""
-    (root / MANIFEST_DIR).mkdir(parents=True, exist_ok=True)
-    (root / DATA_DIR).mkdir(exist_ok=True)
-    header = {"format": FORMAT, "version": FORMAT_VERSION, "created": time.time(), **info}
-    atomic_write_json(root / DUMP_FILE, header, replace=False)
+    try:
+        (root / MANIFEST_DIR).mkdir(parents=True, exist_ok=True)
+        (root / DATA_DIR).mkdir(exist_ok=True)
+        header = {"format": FORMAT, "version": FORMAT_VERSION, "created": time.time(), **info}
+        atomic_write_json(root / DUMP_FILE, header, replace=False)
+    except OSError as exc:
+        raise DumpError(f"cannot create dump directory {root}: {exc.strerror}") from None
 
 
 def update_dump_info(root: Path, **info) -> None:

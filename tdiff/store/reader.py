@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from tdiff.store.dtypes import from_bytes_view, to_bytes_view
+from tdiff.store.fingerprint import fingerprint_algorithm, xxh3_fingerprint
 from tdiff.store.manifest import DATA_DIR, DUMP_FILE, MANIFEST_DIR, Part, check_format, read_part
 from tdiff.store.record import Record
 from tdiff.store.storage import storage_for_file
@@ -48,8 +49,12 @@ class Dump:
             raise DumpError(f"{self.path}: {record.name} was captured in stats mode and has no data; "
                             "capture it with --mode full")
         shard = self._shard(record.file)
-        raw = shard.get(record.key)
-        return from_bytes_view(to_bytes_view(raw), record.dtype, record.shape)
+        tensor = from_bytes_view(to_bytes_view(shard.get(record.key)), record.dtype, record.shape)
+        # a bit flipped on disk must never pass as a match: check the bytes against the record
+        if fingerprint_algorithm(record.fingerprint) == "xxh3" and xxh3_fingerprint(tensor) != record.fingerprint:
+            raise DumpError(f"{self.path / DATA_DIR / record.file}: tensor {record.key} ({record.name}) "
+                            "does not match its fingerprint: the shard is corrupted")
+        return tensor
 
     def _shard(self, file: str):
         shard = self._shards.get(file)
@@ -100,6 +105,8 @@ def open_dump(path: str | Path, *, allow_incomplete: bool = False) -> Dump:
         records = [r for r in records if r.file is None or r.file in present]
 
     dump = Dump(path, info, parts, records, problems)
+    if not records and problems:
+        raise DumpError(f"{path}: dump has no tensors: {problems[0]}")
     if problems and not allow_incomplete:
         more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
         raise DumpError(f"{path}: dump is incomplete: {problems[0]}{more}; "

@@ -55,10 +55,11 @@ class Record:
         return (self.name, self.step, self.call, self.role, self.rank)
 
     def to_json(self) -> dict:
+        """The record as stored: fields at their default value are left out."""
         out = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name == "part" or (value in (None, {}, "") and f.name not in _REQUIRED):
+            if f.name == "part" or (f.name not in _REQUIRED and value == _default(f)):
                 continue
             out[f.name] = list(value) if f.name == "shape" else value
         return out
@@ -91,6 +92,10 @@ class Record:
         if "file" in values and not _SAFE_FILE.fullmatch(values["file"]):
             raise DumpError(f"{where}: field 'file' must name a file inside the dump, not {values['file']!r}")
         return cls(**values)
+
+
+def _default(f: dataclasses.Field):
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
 def _as_tuple(kinds) -> tuple:

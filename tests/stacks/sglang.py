@@ -61,10 +61,9 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 _ready = False
 
 
-def init_sglang(port: int | None = None) -> None:
-    """Shims and SGLang's single-process distributed state (gloo), once per process."""
-    global _ready
-    if _ready:
+def install_import_shims() -> None:
+    """Let SGLang's modules import on a CPU machine (idempotent)."""
+    if any(isinstance(finder, _StubFinder) for finder in sys.meta_path):
         return
     # transformers must keep seeing torchvision as absent (PyPI's torchvision breaks beside the
     # CPU torch); prime its cached checks before the stub makes the import succeed
@@ -73,6 +72,14 @@ def init_sglang(port: int | None = None) -> None:
     import_utils.is_torchvision_available()
     import_utils.is_torchvision_v2_available()
     sys.meta_path.insert(0, _StubFinder({"torchvision", "vllm"}))  # vllm: RoPE's CPU fallback import
+
+
+def init_sglang(port: int | None = None) -> None:
+    """Shims and SGLang's single-process distributed state (gloo), once per process."""
+    global _ready
+    if _ready:
+        return
+    install_import_shims()
 
     for key, value in dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port or 29600 + os.getpid() % 1000),
                            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0").items():

@@ -43,7 +43,10 @@ class Comparison:
 
     @property
     def layer(self) -> int | None:
-        return layer_of(self.record.module) if self.record.role != "explicit" else None
+        if self.record.role == "explicit":
+            return None
+        # an aligned pair's canonical name carries the layer (its records may sit elsewhere)
+        return layer_of(self.name) if self.kind is not None else layer_of(self.record.module)
 
     def to_json(self) -> dict:
         r = self.record
@@ -76,6 +79,7 @@ class CompareReport:
     b: Dump
     options: CompareOptions
     comparisons: list[Comparison]
+    alignment: object | None = None   # how a cross-framework pairing aligned the dumps (to_json())
 
     @property
     def status(self) -> str:
@@ -103,6 +107,7 @@ class CompareReport:
             "summary": self.counts(),
             "first_divergence": first.to_json() if first else None,
             "tensors": [c.to_json() for c in self.comparisons],
+            **({"alignment": self.alignment.to_json()} if self.alignment is not None else {}),
         }
 
 
@@ -110,7 +115,8 @@ def compare_dumps(a: Dump, b: Dump, options: CompareOptions | None = None, *,
                   pairing: Pairing | None = None,
                   progress: Callable[[int, int], None] | None = None) -> CompareReport:
     options = options or CompareOptions()
-    pairs = [p for p in (pairing or NamePairing()).pair(a, b) if _wanted(p, options)]
+    pairing = pairing or NamePairing()
+    pairs = [p for p in pairing.pair(a, b) if _wanted(p, options)]
     if not pairs:
         raise TdiffError(_nothing_to_compare(options))
     comparator = PairComparator(a, b, options.tolerance)
@@ -119,12 +125,13 @@ def compare_dumps(a: Dump, b: Dump, options: CompareOptions | None = None, *,
         comparisons.append(comparator.compare(pair))
         if progress is not None:
             progress(done, len(pairs))
-    return CompareReport(a, b, options, comparisons)
+    return CompareReport(a, b, options, comparisons, getattr(pairing, "alignment", None))
 
 
 def _wanted(pair: Pair, options: CompareOptions) -> bool:
     record = pair.record
-    if options.layer is not None and (record.role == "explicit" or layer_of(record.module) != options.layer):
+    layer = layer_of(pair.name) if pair.kind is not None else layer_of(record.module)
+    if options.layer is not None and (record.role == "explicit" or layer != options.layer):
         return False
     patterns = compile_patterns(options.select, "--select")
     return not patterns or any(p.search(pair.name) for p in patterns)
@@ -148,7 +155,7 @@ class PairComparator:
         if pair.a is None or pair.b is None:
             status = "only_b" if pair.a is None else "only_a"
             side = "B" if pair.a is None else "A"
-            return self._result(pair, status, reason=f"captured on side {side} only")
+            return self._result(pair, status, reason=pair.note or f"captured on side {side} only")
         ra, rb = pair.a.record, pair.b.record
         if pair.a.load is None and pair.b.load is None:
             # the shapes and dtypes are known before loading when tensors are compared as stored

@@ -35,6 +35,7 @@ class Pair:
     a: Side | None
     b: Side | None
     kind: str | None = None       # the op boundary kind, when an adapter knows it
+    note: str | None = None       # why a one-sided pair has no partner, when the pairing knows
 
     @property
     def record(self) -> Record:

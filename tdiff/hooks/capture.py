@@ -33,6 +33,7 @@ from tdiff.store.record import Record
 from tdiff.store.storage import STORAGES
 from tdiff.store.writer import DEFAULT_MAX_PENDING, DEFAULT_SHARD_BYTES, DumpWriter, Pending
 from tdiff.errors import TdiffError
+from tdiff.hooks.annotations import annotate
 from tdiff.hooks.naming import ModulePaths, flatten_call_inputs, flatten_tensors, tensor_name
 from tdiff.hooks.selection import Selection, parse_ranges
 
@@ -156,7 +157,7 @@ class Capture:
         self._calls[path] = call + 1
         recording = (self.selection.wants_step(self.step_index) and self.selection.wants(path)
                      and not self.writer.failed)
-        where = (path, type(module).__name__, parent, len(stack))
+        where = (path, module, parent, len(stack))
         if recording:
             for sub, tensor in flatten_call_inputs(args, kwargs):
                 self._record(tensor, tensor_name(path, sub), sub, "input", call, where)
@@ -189,7 +190,7 @@ class Capture:
                 where: tuple) -> None:
         if tensor.device.type == "meta":
             return
-        module_path, module_class, parent, depth = where
+        module_path, module, parent, depth = where
         seq = next(self._seq)
         alias_of = self._alias_of(tensor, seq)
         tensor = tensor.detach()
@@ -199,8 +200,9 @@ class Capture:
         record = Record(
             seq=seq, name=name, module=module_path, role=role, step=self.step_index, call=call,
             rank=self._current_rank(), dtype=dtype_name(tensor.dtype), shape=tuple(tensor.shape),
-            sub=sub, module_class=module_class, parent=parent.path if parent else None,
-            depth=depth, device=str(tensor.device), alias_of=alias_of)
+            sub=sub, module_class=type(module).__name__ if module is not None else None,
+            parent=parent.path if parent else None, depth=depth, device=str(tensor.device),
+            alias_of=alias_of, attrs=annotate(module, module_path, role, sub, tensor) if module is not None else {})
         if alias_of is not None:
             self.writer.submit(Pending(record=record))
         elif self.mode == "full":

@@ -1,0 +1,68 @@
+"""Cross-framework alignment: compare Hugging Face transformers, Megatron-core and SGLang dumps.
+
+The stages, in the spirit of SGLang's comparator (plan from metadata, execute on tensors, keep
+the plan so a reader sees how two tensors were aligned):
+
+1. an adapter per framework (tdiff.align.adapters), picked from the classes the dump's modules
+   come from, finds the canonical boundaries (tdiff.align.boundaries) among its records;
+2. the pieces each rank holds are grouped and their reassembly planned (tdiff.align.unshard);
+3. CanonicalPairing pairs both sides by canonical name and says what could not be aligned;
+4. when a pair is compared, its plan runs: combine records, split fused outputs, unshard, move
+   tokens first (tdiff.align.ops).
+
+``choose_pairing`` is the one entry point the rest of tdiff calls.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tdiff.align.adapters import adapter_for, framework_of
+from tdiff.align.boundaries import KINDS
+from tdiff.align.pairing import Alignment, CanonicalPairing
+from tdiff.compare.pairing import NamePairing, Pairing
+from tdiff.errors import TdiffError
+from tdiff.store import Dump
+
+
+def choose_pairing(dump_a: Dump, dump_b: Dump, mapping: str | Path | None = None) -> Pairing:
+    """The pairing for two dumps: by name when both come from the same framework with the same
+    parallel layout and no mapping file is given, by canonical boundary otherwise.
+
+    Raises TdiffError when a side's model is one no adapter knows and no mapping covers it.
+    """
+    frameworks = (framework_of(dump_a), framework_of(dump_b))
+    if mapping is None and frameworks[0] == frameworks[1] and _layout(dump_a) == _layout(dump_b):
+        return NamePairing()
+    adapters = [adapter_for(f) for f in frameworks]
+    if mapping is not None:
+        from tdiff.align.adapters.mapping import load_mapping
+
+        custom = load_mapping(mapping)
+        sides = {"a": (0,), "b": (1,), "both": (0, 1)}.get(custom.sides) or \
+            tuple(i for i, adapter in enumerate(adapters) if adapter is None)
+        if not sides:
+            raise TdiffError(f"--mapping {mapping}: both dumps have built-in adapters ({frameworks[0]}, "
+                             f"{frameworks[1]}); say which side the file maps with `side: a` or `side: b`")
+        for i in sides:
+            adapters[i] = custom
+    for i, adapter in enumerate(adapters):
+        if adapter is None:
+            dump = (dump_a, dump_b)[i]
+            what = f"classes from package {frameworks[i]!r}" if frameworks[i] else "no recorded module classes"
+            raise TdiffError(f"{dump.path}: no adapter knows this model ({what}); write a mapping file "
+                             "(docs/BOUNDARIES.md) and pass --mapping FILE")
+    return CanonicalPairing(adapters[0], adapters[1])
+
+
+def _layout(dump: Dump) -> dict:
+    """The parallel layout a dump's ranks ran with: axis -> size."""
+    for record in dump.records:
+        parallel = record.attrs.get("parallel")
+        if isinstance(parallel, dict):
+            return {axis: value[1] for axis, value in parallel.items()
+                    if isinstance(value, (list, tuple)) and len(value) == 2}
+    return {}
+
+
+__all__ = ["Alignment", "CanonicalPairing", "KINDS", "choose_pairing"]

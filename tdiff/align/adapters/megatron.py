@@ -1,0 +1,258 @@
+"""megatron-core GPTModel: local and TransformerEngine layer specs.
+
+Activations are [seq, batch, hidden] ([tokens, 1, hidden] for THD packed sequences); linear
+layers return (output, bias); the fused QKV projection is ordered per query group; the gated MLP
+fuses gate|up in ``linear_fc1``; the router returns (probabilities, routing map) over tokens in
+[seq, batch] order; experts see only their routed tokens.
+
+At capture time :func:`annotate` records each rank's parallel coordinates and how each tensor is
+sharded over them (see tdiff.align.unshard).
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from tdiff.align.adapters.base import Adapter, Rule, View, piece
+from tdiff.align.ops import Add, GroupedQKV, Halve, SeqMajorRows, TokensFirst, TopkFromRoutingMap
+from tdiff.store import Dump
+
+_LAYER = r"(?:.*\.)?decoder\.layers\.(?P<layer>\d+)\."
+_TOP = r"(?:.*\.)?"
+
+
+class MegatronAdapter(Adapter):
+    framework = "megatron"
+    label = "Megatron-core"
+    rules = (
+        Rule(_TOP + r"embedding\.word_embeddings", "input", ("0",), "input_ids", "bs"),
+        Rule(_TOP + "embedding", "input", ("position_ids",), "positions", "bs"),
+        Rule(_TOP + "embedding", "output", ("",), "embedding", "sb"),
+        Rule(_LAYER + "input_layernorm", "output", ("",), "input_norm", "sb"),
+        Rule(_LAYER + r"self_attention\.q_layernorm", "output", ("",), "attn.q_norm", "sb"),
+        Rule(_LAYER + r"self_attention\.k_layernorm", "output", ("",), "attn.k_norm", "sb"),
+        Rule(_LAYER + r"self_attention\.core_attention", "output", ("",), "attn.core", "sb"),
+        Rule(_LAYER + "pre_mlp_layernorm", "input", ("0",), "attn.residual", "sb", skip_classes=()),
+        Rule(_LAYER + "pre_mlp_layernorm", "output", ("",), "pre_mlp_norm", "sb"),
+        Rule(_LAYER + r"mlp\.linear_fc2", "input", ("0",), "mlp.act", "sb"),
+        Rule(_LAYER + r"mlp\.experts", "input", ("0",), "moe.dispatch", "t"),
+        Rule(_LAYER + r"mlp\.experts", "output", ("0",), "moe.experts", "t"),
+        Rule(r"(?:.*\.)?decoder\.layers\.(?P<layer>\d+)", "output", ("0",), "output", "sb"),
+        Rule(_TOP + r"decoder\.final_layernorm", "output", ("",), "final_norm", "sb"),
+    )
+    not_exposed = {
+        "moe.router": "Megatron's TopKRouter computes its logits inside forward; it outputs "
+                      "probabilities and a routing map",
+    }
+
+    # linear layers whose output may come with a separately returned bias ("1")
+    _LINEARS = {
+        r"self_attention\.linear_proj": "attn.out",
+        r"mlp\.linear_fc2": "mlp.down",
+        r"mlp\.shared_experts": "moe.shared",
+    }
+    _LINEAR_PATTERNS = [(re.compile(_LAYER + p), b) for p, b in _LINEARS.items()]
+    _OUTPUT_LAYER = re.compile(_TOP + "output_layer")
+    _QKV = re.compile(_LAYER + r"self_attention\.linear_qkv")
+    _CORE = re.compile(_LAYER + r"self_attention\.core_attention")
+    _FC1 = re.compile(_LAYER + r"mlp\.linear_fc1")
+    _ROUTER = re.compile(_LAYER + r"mlp\.router")
+    _MOE = re.compile(_LAYER[:-2] + r"\.mlp")
+
+    def pieces(self, view: View):
+        out = super().pieces(view)
+        for pattern, boundary in self._LINEAR_PATTERNS:
+            for match, module in view.find(pattern):
+                out += self._linear(view, match, module, boundary)
+        for match, module in view.find(self._OUTPUT_LAYER):
+            out += self._linear(view, match, module, "logits")
+        for match, module in view.find(self._CORE):
+            for call, record in enumerate(view.calls(module, "input", "0")):
+                order = "sb" if len(record.shape) == 4 else "t"    # THD: [tokens, heads, dim]
+                out.append(piece("attn.q_rope", match, view, [record], layout=(TokensFirst(order),)))
+                key = view.get(module, "input", "1", call)
+                if key is not None:
+                    out.append(piece("attn.k_rope", match, view, [key], layout=(TokensFirst(order),)))
+        for match, module in view.find(self._QKV):
+            out += self._qkv(view, match, module)
+        for match, module in view.find(self._FC1):
+            out += self._fc1(view, match, module)
+        for match, module in view.find(self._ROUTER):
+            out += self._topk(view, match, module)
+        for match, module in view.find(self._MOE):
+            if view.modules[module] == "MoELayer":
+                shared = module + ".shared_experts" in view.modules
+                for record in view.calls(module, "output", "0"):
+                    boundaries = ("moe.out",) if shared else ("moe.out", "moe.combine")
+                    out += [piece(b, match, view, [record], layout=(TokensFirst("sb"),)) for b in boundaries]
+        return out
+
+    def _linear(self, view: View, match, module: str, boundary: str):
+        out = []
+        for record in view.calls(module, "output", "0"):
+            bias = view.get(module, "output", "1", record.call)
+            if bias is not None:
+                out.append(piece(boundary, match, view, [record, bias], combine=Add("bias returned separately"),
+                                 layout=(TokensFirst("sb"),)))
+            else:
+                out.append(piece(boundary, match, view, [record], layout=(TokensFirst("sb"),)))
+        return out
+
+    def _qkv(self, view: View, match, module: str):
+        attention = module[: -len("linear_qkv")]
+        out = []
+        for record in view.calls(module, "output", "0"):
+            q = view.get(attention + "core_attention", "input", "0", record.call) or \
+                view.get(attention + "q_layernorm", "input", "0", record.call)
+            k = view.get(attention + "core_attention", "input", "1", record.call) or \
+                view.get(attention + "k_layernorm", "input", "0", record.call)
+            if q is None or k is None:
+                for part in "qkv":
+                    view.unresolved(piece(f"attn.{part}", match, view, [record]),
+                                    "cannot split linear_qkv: the head counts come from core_attention's "
+                                    "(or q_layernorm's) inputs, which were not captured")
+                continue
+            heads, groups, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
+            records = [record]
+            bias = view.get(module, "output", "1", record.call)
+            combine = Add("bias returned separately") if bias is not None else None
+            if bias is not None:
+                records.append(bias)
+            for part in "qkv":
+                split = GroupedQKV(groups, heads // groups, head_dim, part)
+                kwargs = {"combine": combine} if combine else {}
+                out.append(piece(f"attn.{part}", match, view, records, transforms=(split,),
+                                 layout=(TokensFirst("sb"),), **kwargs))
+        return out
+
+    def _fc1(self, view: View, match, module: str):
+        fc2 = module[: -len("linear_fc1")] + "linear_fc2"
+        out = []
+        for record in view.calls(module, "output", "0"):
+            down_input = view.get(fc2, "input", "0", record.call)
+            if down_input is None:
+                for part in ("gate", "up"):
+                    view.unresolved(piece(f"mlp.{part}", match, view, [record]),
+                                    "cannot tell whether linear_fc1 fuses gate|up: linear_fc2's input "
+                                    "was not captured")
+                continue
+            if record.shape[-1] == 2 * down_input.shape[-1]:
+                out += [piece(f"mlp.{p}", match, view, [record], transforms=(Halve(i, p),),
+                              layout=(TokensFirst("sb"),)) for i, p in enumerate(("gate", "up"))]
+            else:
+                out.append(piece("mlp.up", match, view, [record], layout=(TokensFirst("sb"),)))
+        return out
+
+    def _topk(self, view: View, match, module: str):
+        out = []
+        for probs in view.calls(module, "output", "0"):
+            routing_map = view.get(module, "output", "1", probs.call)
+            hidden = view.get(module, "input", "0", probs.call)
+            if routing_map is None:
+                continue
+            layout = (SeqMajorRows(hidden.shape[1]),) if hidden is not None and len(hidden.shape) == 3 else ()
+            out.append(piece("moe.topk_ids", match, view, [routing_map], combine=TopkFromRoutingMap("ids"),
+                             layout=layout))
+            out.append(piece("moe.topk_weights", match, view, [probs, routing_map],
+                             combine=TopkFromRoutingMap("weights"), layout=layout))
+        return out
+
+    def not_exposed_in(self, dump: Dump) -> dict[str, str]:
+        out = dict(self.not_exposed)
+        classes = {r.module: r.module_class for r in dump.records}
+        for norm, boundary, linear in (("input_layernorm", "input_norm", "self_attention.linear_qkv"),
+                                       ("pre_mlp_layernorm", "pre_mlp_norm", "mlp.linear_fc1")):
+            fused = {classes.get(m[: -len(norm)] + linear) for m, c in classes.items()
+                     if m.endswith("." + norm) and c == "IdentityOp"}
+            fused.discard(None)
+            if fused:
+                out[boundary] = (f"the norm is fused into {'/'.join(sorted(fused))}: its output is not a "
+                                 "module output (the linear's input is the pre-norm residual stream)")
+        if any(m.endswith(".mlp.shared_experts") for m in classes):
+            out["moe.combine"] = "MoELayer adds the shared experts' output to the routed output internally"
+        return out
+
+
+# ---- capture-time annotation ----
+_COLUMN = {"ColumnParallelLinear", "TEColumnParallelLinear", "TELayerNormColumnParallelLinear",
+           "TEColumnParallelGroupedLinear"}
+_ROW = {"RowParallelLinear", "TERowParallelLinear", "TERowParallelGroupedLinear"}
+_ATTENTION = {"DotProductAttention", "TEDotProductAttention"}
+_EXPERTS = {"SequentialMLP", "GroupedMLP", "TEGroupedMLP"}
+# modules whose hidden-state inputs and outputs are split over the sequence under sequence parallelism
+_SEQUENCE_SHARDED = {"TransformerLayer", "TransformerBlock", "MoELayer", "TopKRouter", "IdentityOp",
+                     "LanguageModelEmbedding"}
+_HIDDEN_SUBS = {"", "0", "hidden_states"}
+
+_parallel: dict | None = None
+_sequence_parallel = False
+
+
+def annotate(module, path: str, role: str, sub: str, tensor) -> dict | None:
+    """attrs for a Megatron module's record: the rank's parallel coordinates (when the run is
+    distributed) and the tensor's shard spec over them."""
+    global _sequence_parallel
+    config = getattr(module, "config", None)
+    if getattr(config, "sequence_parallel", False):
+        _sequence_parallel = True
+    parallel = _parallel_info()
+    if parallel is None:
+        return None
+    attrs = {"parallel": parallel}
+    spec = _shard_spec(module, path, role, sub)
+    if spec:
+        attrs["shard"] = spec
+    return attrs
+
+
+def _parallel_info() -> dict | None:
+    global _parallel
+    if _parallel is not None:
+        return dict(_parallel, sp=_sequence_parallel) if _sequence_parallel else _parallel
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return None
+    if torch.distributed.get_world_size() == 1:
+        return None
+    from megatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        return None  # not cached: Megatron initialises its parallel state after torch.distributed
+    _parallel = {
+        "tp": [ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()],
+        "pp": [ps.get_pipeline_model_parallel_rank(), ps.get_pipeline_model_parallel_world_size()],
+        "dp": [ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()],
+        "ep": [ps.get_expert_model_parallel_rank(), ps.get_expert_model_parallel_world_size()],
+        "etp": [ps.get_expert_tensor_parallel_rank(), ps.get_expert_tensor_parallel_world_size()],
+        "edp": [ps.get_expert_data_parallel_rank(), ps.get_expert_data_parallel_world_size()],
+    }
+    return _parallel_info()
+
+
+def _shard_spec(module, path: str, role: str, sub: str) -> list[dict] | None:
+    cls = type(module).__name__
+    expert = bool(getattr(module, "is_expert", False))
+    tp = "etp" if expert else "tp"
+    sequence = [{"axis": "tp", "dim": 0}] if _sequence_parallel and not expert else None
+    if cls in _COLUMN:
+        if role == "output":
+            return None if getattr(module, "gather_output", False) else [{"axis": tp, "dim": -1}]
+        return sequence
+    if cls in _ROW:
+        if role == "input":
+            return [{"axis": tp, "dim": -1}]
+        if sub != "0":
+            return None                               # the bias: replicated
+        return [{"axis": "etp", "reduce": "sum"}] if expert else sequence
+    if cls in _ATTENTION:
+        if role == "output":
+            return [{"axis": "tp", "dim": -1}]
+        return [{"axis": "tp", "dim": -2}] if sub in ("0", "1", "2", "query", "key", "value") else None
+    if path.endswith(("q_layernorm", "k_layernorm")):
+        return [{"axis": "tp", "dim": -2}]
+    if cls in _EXPERTS:
+        return [{"axis": "ep", "dim": 0}]
+    if sequence and sub in _HIDDEN_SUBS and (cls in _SEQUENCE_SHARDED or "Norm" in cls):
+        return sequence
+    return None

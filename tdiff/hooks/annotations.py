@@ -1,0 +1,81 @@
+"""Record annotations: metadata a framework attaches to the records of its modules (``attrs``).
+
+Every module record carries ``attrs["framework"]``, the top-level package its class comes from
+(``transformers``, ``megatron``, ``sglang``, ``torch``), so that alignment can pick an adapter
+from the model's classes (HF and SGLang share class names such as ``Qwen2DecoderLayer``).
+
+An annotator adds what only the running process knows, such as tensor-parallel ranks and how a
+tensor is sharded. Annotators are registered per framework, as a callable or as a lazily
+imported ``"module:function"`` so that capture never imports a framework the program does not
+use::
+
+    register("megatron", "tdiff.align.adapters.megatron:annotate")
+
+    def annotate(module, path, role, sub, tensor) -> dict | None: ...
+
+``path`` is the module's path from the outermost model, ``role`` is ``input`` or ``output``,
+``sub`` the tensor's place in the call's arguments or result (``"0"``, ``"hidden_states"``). The
+returned keys are merged into the record's ``attrs``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Callable
+
+Annotator = Callable[..., "dict | None"]
+
+_registered: dict[str, Annotator | str] = {
+    "megatron": "tdiff.align.adapters.megatron:annotate",
+    "sglang": "tdiff.align.adapters.sglang:annotate",
+}
+_resolved: dict[str, Annotator | None] = {}
+_frameworks: dict[type, str] = {}
+
+
+def register(framework: str, annotator: Annotator | str) -> None:
+    """Use ``annotator`` for the records of modules whose class comes from ``framework``."""
+    _registered[framework] = annotator
+    _resolved.pop(framework, None)
+
+
+def framework_of(module_type: type) -> str:
+    framework = _frameworks.get(module_type)
+    if framework is None:
+        framework = _frameworks[module_type] = (module_type.__module__ or "").split(".")[0]
+    return framework
+
+
+def annotator_for(framework: str) -> Annotator | None:
+    if framework in _resolved:
+        return _resolved[framework]
+    target = _registered.get(framework)
+    if isinstance(target, str):
+        module_name, _, attr = target.partition(":")
+        try:
+            target = getattr(importlib.import_module(module_name), attr)
+        except Exception as exc:  # noqa: BLE001 - an annotator must never break the captured program
+            print(f"tdiff: annotator {module_name}:{attr} unavailable ({exc}); "
+                  f"{framework} records carry no parallel metadata", file=sys.stderr)
+            target = None
+    _resolved[framework] = target
+    return target
+
+
+def annotate(module, path: str, role: str, sub: str, tensor) -> dict:
+    """The attrs of one module record: its framework plus what that framework's annotator adds."""
+    framework = framework_of(type(module))
+    attrs = {"framework": framework}
+    annotator = annotator_for(framework)
+    if annotator is not None:
+        try:
+            extra = annotator(module, path, role, sub, tensor)
+        except Exception as exc:  # noqa: BLE001 - never break the captured program
+            print(f"tdiff: the {framework} annotator failed ({type(exc).__name__}: {exc}); "
+                  f"{framework} records from here on carry no parallel metadata", file=sys.stderr)
+            _resolved[framework] = None
+            extra = None
+        if extra:
+            attrs.update(extra)
+    return attrs

@@ -26,13 +26,15 @@ from tdiff.store import Dump
 
 
 def choose_pairing(dump_a: Dump, dump_b: Dump, mapping: str | Path | None = None) -> Pairing:
-    """The pairing for two dumps: by name when both come from the same framework with the same
-    parallel layout and no mapping file is given, by canonical boundary otherwise.
+    """The pairing for two dumps: by name when both are tdiff captures of the same framework with
+    the same parallel layout and no mapping file is given; by canonical boundary otherwise (other
+    frameworks, TP=2 vs TP=1, a dump imported from SGLang's dumper, a mapping file).
 
     Raises TdiffError when a side's model is one no adapter knows and no mapping covers it.
     """
     frameworks = (framework_of(dump_a), framework_of(dump_b))
-    if mapping is None and frameworks[0] == frameworks[1] and _layout(dump_a) == _layout(dump_b):
+    same_format = dump_a.info.get("format") == dump_b.info.get("format")
+    if mapping is None and same_format and frameworks[0] == frameworks[1] and _layout(dump_a) == _layout(dump_b):
         return NamePairing()
     adapters = [adapter_for(f) for f in frameworks]
     if mapping is not None:

@@ -33,6 +33,7 @@ class Piece:
     layout: tuple = ()                            # after unsharding
     kind: str | None = None                       # default: the vocabulary's kind of `name`
     spec: list[dict] | None = None                # shard spec; default: the primary record's attrs
+    uncertain: str | None = None                  # why it may not be a real op (no class recorded)
 
     @property
     def group(self) -> int:
@@ -61,6 +62,10 @@ class CanonicalTensor:
     group: int
     pieces: list[Piece]
     unshard: list[UnshardStep] = field(default_factory=list)
+
+    @property
+    def uncertain(self) -> str | None:
+        return self.pieces[0].uncertain
 
     @property
     def key(self) -> tuple:

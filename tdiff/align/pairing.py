@@ -28,6 +28,7 @@ class SideAlignment:
     adapter: str                  # the adapter's label (framework)
     canonical: int                # canonical tensors found
     unmatched: list[str] = field(default_factory=list)          # on this side only; compared as a gap
+    uncertain: list[tuple[str, str]] = field(default_factory=list)  # on this side only, maybe no real op
     not_exposed: dict[str, dict] = field(default_factory=dict)  # boundary -> {reason, skipped}
     unresolved: list[tuple[str, str]] = field(default_factory=list)
     unmapped: list[str] = field(default_factory=list)           # record names, layers collapsed to N
@@ -35,6 +36,7 @@ class SideAlignment:
     def to_json(self) -> dict:
         return {"side": self.side, "adapter": self.adapter, "canonical": self.canonical,
                 "unmatched": self.unmatched, "not_exposed": self.not_exposed,
+                "uncertain": [{"name": n, "reason": r} for n, r in self.uncertain],
                 "unresolved": [{"name": n, "reason": r} for n, r in self.unresolved],
                 "unmapped": self.unmapped}
 
@@ -83,6 +85,9 @@ class CanonicalPairing:
             if boundary in other_reasons:
                 entry = other.not_exposed.setdefault(boundary, {"reason": other_reasons[boundary], "skipped": 0})
                 entry["skipped"] += 1
+                continue
+            if present.uncertain:
+                here.uncertain.append((present.name, present.uncertain))
                 continue
             note = unresolved[which].get(present.name)
             note = f"side {'AB'[which]} could not build it: {note}" if note else None

@@ -7,6 +7,8 @@ import sys
 
 import click
 
+from tdiff.align import choose_pairing
+from tdiff.align.render import render_alignment
 from tdiff.cli.options import tolerance_from, tolerance_options
 from tdiff.compare.engine import CompareOptions, compare_dumps
 from tdiff.report.console import make_console, render_compare
@@ -23,20 +25,32 @@ from tdiff.store.reader import open_dump
 @click.option("--top", type=int, default=50, show_default=True,
               help="Show at most K rows: the K worst divergences and the first one (0: all).")
 @click.option("--allow-incomplete", is_flag=True, help="Compare what an incomplete dump holds.")
-def compare(dump_a, dump_b, layer, select, exact, atol, rtol, as_json, top, allow_incomplete):
+@click.option("--mapping", type=click.Path(dir_okay=False), metavar="FILE",
+              help="YAML mapping of module paths to canonical boundaries, for models no adapter knows.")
+def compare(dump_a, dump_b, layer, select, exact, atol, rtol, as_json, top, allow_incomplete, mapping):
     """Compare dumps A and B tensor by tensor.
 
-    Tensors are paired by name, step, call index, role and rank. The verdict is bitwise unless
-    --atol/--rtol relax it. A tensor on one side only counts as a divergence.
+    Dumps of one framework with one parallel layout pair tensors by name, step, call index, role
+    and rank. Otherwise (HF vs Megatron vs SGLang, TP=2 vs TP=1, or --mapping) tensors pair by
+    canonical op boundary (docs/BOUNDARIES.md): adapters picked from the model's classes
+    reassemble shards and move tokens first; boundaries a framework does not expose are listed.
+
+    The verdict is bitwise unless --atol/--rtol relax it. A tensor on one side only counts as a
+    divergence.
 
     Exit status: 0 all tensors match, 1 a divergence, 2 bad input.
     """
     tolerance = tolerance_from(exact, atol, rtol)
     a = open_dump(dump_a, allow_incomplete=allow_incomplete)
     b = open_dump(dump_b, allow_incomplete=allow_incomplete)
-    report = compare_dumps(a, b, CompareOptions(tolerance=tolerance, layer=layer, select=list(select)))
+    pairing = choose_pairing(a, b, mapping)
+    report = compare_dumps(a, b, CompareOptions(tolerance=tolerance, layer=layer, select=list(select)),
+                           pairing=pairing)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=1))
     else:
-        render_compare(report, make_console(), top=top)
+        console = make_console()
+        render_compare(report, console, top=top)
+        if report.alignment is not None:
+            render_alignment(report.alignment, console)
     sys.exit(0 if report.status == "match" else 1)

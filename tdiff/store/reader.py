@@ -18,6 +18,7 @@ from tdiff.store.dtypes import from_bytes_view, to_bytes_view
 from tdiff.store.fingerprint import fingerprint_algorithm, xxh3_fingerprint
 from tdiff.store.manifest import DATA_DIR, DUMP_FILE, MANIFEST_DIR, Part, check_format, read_part
 from tdiff.store.record import Record
+from tdiff.store.sglang_dumper import find_dumper_dir, open_dumper_dump
 from tdiff.store.storage import storage_for_file
 from tdiff.errors import DumpError
 
@@ -80,7 +81,11 @@ def open_dump(path: str | Path, *, allow_incomplete: bool = False) -> Dump:
         raise DumpError(f"{path}: not a dump (a dump is a directory written by `tdiff capture`)")
     header_path = path / DUMP_FILE
     if not header_path.is_file():
-        raise DumpError(f"{path}: not a tdiff dump (no {DUMP_FILE}); capture one with `tdiff capture`")
+        dumper_dir = find_dumper_dir(path)
+        if dumper_dir is None:
+            raise DumpError(f"{path}: not a tdiff dump (no {DUMP_FILE}) nor SGLang dumper output (no "
+                            "*.pt files); capture one with `tdiff capture`")
+        return _checked(open_dumper_dump(dumper_dir), allow_incomplete)
     try:
         info = json.loads(header_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -104,7 +109,12 @@ def open_dump(path: str | Path, *, allow_incomplete: bool = False) -> Dump:
         problems.append(f"{len(missing)} tensor file(s) missing, first {DATA_DIR}/{missing[0]}")
         records = [r for r in records if r.file is None or r.file in present]
 
-    dump = Dump(path, info, parts, records, problems)
+    return _checked(Dump(path, info, parts, records, problems), allow_incomplete)
+
+
+def _checked(dump: Dump, allow_incomplete: bool) -> Dump:
+    """Refuse an incomplete dump unless allowed, and an empty one always."""
+    path, records, problems = dump.path, dump.records, dump.problems
     if not records and problems:
         raise DumpError(f"{path}: dump has no tensors: {problems[0]}")
     if problems and not allow_incomplete:

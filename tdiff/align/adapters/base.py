@@ -7,7 +7,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from tdiff.align.boundaries import layer_name
+from tdiff.align.boundaries import MODEL_INPUTS, layer_name
 from tdiff.align.canonical import CanonicalTensor, Piece, assemble
 from tdiff.align.ops import Take, TokensFirst
 from tdiff.store import Dump, Record
@@ -27,7 +27,12 @@ class View:
                 self.modules.setdefault(r.module, r.module_class)
 
     def get(self, module: str, role: str, sub: str = "", call: int = 0) -> Record | None:
-        return self._by_key.get((module, role, sub, call))
+        record = self._by_key.get((module, role, sub, call))
+        if record is None and sub == "0":
+            # SGLang's dumper names a tuple holding one tensor (Megatron's (out, None)) like a
+            # bare tensor
+            record = self._by_key.get((module, role, "", call))
+        return record
 
     def calls(self, module: str, role: str, sub: str = "") -> list[Record]:
         out, call = [], 0
@@ -53,7 +58,7 @@ class Rule:
     subs: tuple[str, ...]
     boundary: str
     order: str
-    skip_classes: tuple[str, ...] = ("IdentityOp",)
+    skip_classes: tuple[str, ...] = ()     # classes that only stand in for the op (IdentityOp)
 
     def compile(self) -> re.Pattern:
         return re.compile(self.pattern)
@@ -115,10 +120,14 @@ class Adapter:
                 out.append(Piece(record.name, view.step, record.call, [record]))
                 continue
             for rule, pattern in self._compiled:
-                if (record.role == rule.role and record.sub in rule.subs
+                if (record.role == rule.role and (record.sub in rule.subs or (record.sub == "" and "0" in rule.subs))
                         and record.module_class not in rule.skip_classes
                         and (match := pattern.fullmatch(record.module))):
-                    out.append(piece(rule.boundary, match, view, [record], layout=(TokensFirst(rule.order),)))
+                    found = piece(rule.boundary, match, view, [record], layout=(TokensFirst(rule.order),))
+                    if record.module_class is None and rule.skip_classes:
+                        found.uncertain = (f"{record.module} has no recorded class: it may be a placeholder "
+                                           f"({'/'.join(rule.skip_classes)}) rather than a real op")
+                    out.append(found)
         return out
 
 
@@ -136,10 +145,12 @@ def piece(boundary: str, match: re.Match | None, view: View, records: list[Recor
 
 def _first_of_each(pieces: list[Piece]) -> list[Piece]:
     """One piece per (name, call) in one rank's step: where two modules expose the same boundary
-    (a root model and its inner model both receiving the positions), the first found wins."""
+    (a root model and its inner model both receiving the positions), the first found wins. The
+    model's inputs are taken once per step (SGLang's dumper names them alike wherever they pass)."""
     seen, out = set(), []
     for p in pieces:
-        if (p.name, p.call) not in seen:
-            seen.add((p.name, p.call))
+        key = p.name if p.name in MODEL_INPUTS and p.records[0].role != "explicit" else (p.name, p.call)
+        if key not in seen:
+            seen.add(key)
             out.append(p)
     return out

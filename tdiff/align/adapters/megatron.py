@@ -21,21 +21,24 @@ from tdiff.store import Dump
 
 _LAYER = r"(?:.*\.)?decoder\.layers\.(?P<layer>\d+)\."
 _TOP = r"(?:.*\.)?"
+_PLACEHOLDER = ("IdentityOp",)     # a spec's stand-in where the op is absent or fused elsewhere
 
 
 class MegatronAdapter(Adapter):
     framework = "megatron"
     label = "Megatron-core"
     rules = (
+        Rule("", "input", ("input_ids",), "input_ids", "bs"),         # GPTModel's own inputs
+        Rule("", "input", ("position_ids",), "positions", "bs"),
         Rule(_TOP + r"embedding\.word_embeddings", "input", ("0",), "input_ids", "bs"),
         Rule(_TOP + "embedding", "input", ("position_ids",), "positions", "bs"),
         Rule(_TOP + "embedding", "output", ("",), "embedding", "sb"),
-        Rule(_LAYER + "input_layernorm", "output", ("",), "input_norm", "sb"),
-        Rule(_LAYER + r"self_attention\.q_layernorm", "output", ("",), "attn.q_norm", "sb"),
-        Rule(_LAYER + r"self_attention\.k_layernorm", "output", ("",), "attn.k_norm", "sb"),
+        Rule(_LAYER + "input_layernorm", "output", ("",), "input_norm", "sb", _PLACEHOLDER),
+        Rule(_LAYER + r"self_attention\.q_layernorm", "output", ("",), "attn.q_norm", "sb", _PLACEHOLDER),
+        Rule(_LAYER + r"self_attention\.k_layernorm", "output", ("",), "attn.k_norm", "sb", _PLACEHOLDER),
         Rule(_LAYER + r"self_attention\.core_attention", "output", ("",), "attn.core", "sb"),
-        Rule(_LAYER + "pre_mlp_layernorm", "input", ("0",), "attn.residual", "sb", skip_classes=()),
-        Rule(_LAYER + "pre_mlp_layernorm", "output", ("",), "pre_mlp_norm", "sb"),
+        Rule(_LAYER + "pre_mlp_layernorm", "input", ("0",), "attn.residual", "sb"),
+        Rule(_LAYER + "pre_mlp_layernorm", "output", ("",), "pre_mlp_norm", "sb", _PLACEHOLDER),
         Rule(_LAYER + r"mlp\.linear_fc2", "input", ("0",), "mlp.act", "sb"),
         Rule(_LAYER + r"mlp\.experts", "input", ("0",), "moe.dispatch", "t"),
         Rule(_LAYER + r"mlp\.experts", "output", ("0",), "moe.experts", "t"),

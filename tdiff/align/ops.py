@@ -126,7 +126,7 @@ class GroupedQKV:
 
     def describe(self) -> str:
         return (f"take {self.part} from QKV ordered per query group "
-                f"({self.groups} groups of {self.heads_per_group} q + 1 k + 1 v heads of {self.head_dim})")
+                f"({self.groups} group(s) of {self.heads_per_group} q + 1 k + 1 v heads of {self.head_dim})")
 
     def apply(self, t: torch.Tensor) -> torch.Tensor:
         d, per = self.head_dim, self.heads_per_group

@@ -68,19 +68,20 @@ def plan_unshard(coords: list[Coords], spec: list[dict]) -> list[UnshardStep]:
         for axis, (_, size) in c.items():
             if sizes.setdefault(axis, size) != size:
                 raise UnshardError(f"shards disagree on the {axis} size ({sizes[axis]} vs {size})")
+    by_axis = {entry.get("axis"): entry for entry in spec if isinstance(entry, dict)}
+    sizes = _independent(sizes, coords, by_axis)
     expected = 1
     for size in sizes.values():
         expected *= size
-    seen = {tuple(sorted((a, r) for a, (r, _) in c.items())) for c in coords}
+    seen = {tuple(sorted((a, r) for a, (r, _) in c.items() if a in sizes)) for c in coords}
     if len(coords) != expected or len(seen) != len(coords):
         have = ", ".join(_coords_text(c) for c in coords) or "none"
         raise UnshardError(f"expected {expected} shard(s) over {_sizes_text(sizes)}, found {have}")
-    by_axis = {entry.get("axis"): entry for entry in spec if isinstance(entry, dict)}
     steps = [UnshardStep(axis, sizes[axis], "replicas") for axis in sizes if axis not in by_axis]
     for entry in reversed(spec):
         axis = entry.get("axis")
         if axis not in sizes:
-            continue
+            continue   # size 1, or moving with an axis already undone
         if entry.get("reduce") == "sum":
             steps.append(UnshardStep(axis, sizes[axis], "sum"))
         elif isinstance(entry.get("dim"), int):
@@ -90,10 +91,24 @@ def plan_unshard(coords: list[Coords], spec: list[dict]) -> list[UnshardStep]:
     return steps
 
 
+def _independent(sizes: dict[str, int], coords: list[Coords], by_axis: dict) -> dict[str, int]:
+    """Axes whose ranks move together across the shards are one grouping (Megatron's expert
+    tensor parallelism follows tensor parallelism by default): keep one of them, preferring an
+    axis the shard spec names."""
+    order = sorted(sizes, key=lambda a: (a not in by_axis, MODEL_PARALLEL_AXES.index(a)))
+    kept: list[str] = []
+    for axis in order:
+        ranks = [c.get(axis, (0, 1))[0] for c in coords]
+        if not any(sizes[k] == sizes[axis] and ranks == [c.get(k, (0, 1))[0] for c in coords] for k in kept):
+            kept.append(axis)
+    return {axis: sizes[axis] for axis in kept}
+
+
 def execute_unshard(steps: list[UnshardStep], shards: list[tuple[Coords, torch.Tensor]],
                     warn) -> torch.Tensor:
     """Apply the plan; ``warn(message)`` is told about replicas that differ."""
-    current = [(dict(c), t) for c, t in shards]
+    axes = {step.axis for step in steps}
+    current = [({a: r for a, r in c.items() if a in axes}, t) for c, t in shards]
     for step in steps:
         groups: dict[tuple, list[tuple[int, Coords, torch.Tensor]]] = {}
         for c, t in current:

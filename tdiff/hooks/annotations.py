@@ -63,18 +63,26 @@ def annotator_for(framework: str) -> Annotator | None:
     return target
 
 
-def annotate(module, path: str, role: str, sub: str, tensor) -> dict:
-    """The attrs of one module record: its framework plus what that framework's annotator adds."""
+def annotating_framework(module, parent: str | None) -> str | None:
+    """The framework whose annotator describes a call: the module's own when it has one, else
+    the enclosing call's (a torch.nn.RMSNorm inside a Megatron layer is annotated by Megatron)."""
+    own = framework_of(type(module))
+    return own if annotator_for(own) is not None else parent
+
+
+def annotate(module, path: str, role: str, sub: str, tensor, annotating: str | None) -> dict:
+    """The attrs of one module record: the framework its class comes from, plus what the
+    annotating framework's annotator adds."""
     framework = framework_of(type(module))
     attrs = {"framework": framework}
-    annotator = annotator_for(framework)
+    annotator = annotator_for(annotating) if annotating else None
     if annotator is not None:
         try:
             extra = annotator(module, path, role, sub, tensor)
         except Exception as exc:  # noqa: BLE001 - never break the captured program
-            print(f"tdiff: the {framework} annotator failed ({type(exc).__name__}: {exc}); "
-                  f"{framework} records from here on carry no parallel metadata", file=sys.stderr)
-            _resolved[framework] = None
+            print(f"tdiff: the {annotating} annotator failed ({type(exc).__name__}: {exc}); "
+                  f"{annotating} records from here on carry no parallel metadata", file=sys.stderr)
+            _resolved[annotating] = None
             extra = None
         if extra:
             attrs.update(extra)

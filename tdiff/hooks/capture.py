@@ -33,7 +33,7 @@ from tdiff.store.record import Record
 from tdiff.store.storage import STORAGES
 from tdiff.store.writer import DEFAULT_MAX_PENDING, DEFAULT_SHARD_BYTES, DumpWriter, Pending
 from tdiff.errors import TdiffError
-from tdiff.hooks.annotations import annotate
+from tdiff.hooks.annotations import annotate, annotating_framework
 from tdiff.hooks.naming import ModulePaths, flatten_call_inputs, flatten_tensors, tensor_name
 from tdiff.hooks.selection import Selection, parse_ranges
 
@@ -44,10 +44,11 @@ _original_call = None
 
 
 class _Frame:
-    __slots__ = ("module", "path", "call")
+    __slots__ = ("module", "path", "call", "annotator")
 
-    def __init__(self, module, path, call):
+    def __init__(self, module, path, call, annotator):
         self.module, self.path, self.call = module, path, call
+        self.annotator = annotator   # the framework whose annotator describes this call's records
 
 
 class Capture:
@@ -157,11 +158,13 @@ class Capture:
         self._calls[path] = call + 1
         recording = (self.selection.wants_step(self.step_index) and self.selection.wants(path)
                      and not self.writer.failed)
-        where = (path, module, parent, len(stack))
+        # a framework's annotator also describes the plain torch modules inside its models
+        annotator = annotating_framework(module, parent.annotator if parent else None)
+        where = (path, module, parent, len(stack), annotator)
         if recording:
             for sub, tensor in flatten_call_inputs(args, kwargs):
                 self._record(tensor, tensor_name(path, sub), sub, "input", call, where)
-        stack.append(_Frame(module, path, call))
+        stack.append(_Frame(module, path, call, annotator))
         try:
             output = invoke()
         finally:
@@ -181,7 +184,7 @@ class Capture:
         if not (self.selection.wants_step(self.step_index) and self.selection.wants(name, explicit=True)
                 and not self.writer.failed):
             return
-        where = (parent.path if parent else "", None, parent, len(stack))
+        where = (parent.path if parent else "", None, parent, len(stack), None)
         for sub, tensor in flatten_tensors(value):
             self._record(tensor, tensor_name(name, sub), sub, "explicit", call, where)
 
@@ -190,7 +193,7 @@ class Capture:
                 where: tuple) -> None:
         if tensor.device.type == "meta":
             return
-        module_path, module, parent, depth = where
+        module_path, module, parent, depth, annotator = where
         seq = next(self._seq)
         alias_of = self._alias_of(tensor, seq)
         tensor = tensor.detach()
@@ -202,7 +205,7 @@ class Capture:
             rank=self._current_rank(), dtype=dtype_name(tensor.dtype), shape=tuple(tensor.shape),
             sub=sub, module_class=type(module).__name__ if module is not None else None,
             parent=parent.path if parent else None, depth=depth, device=str(tensor.device),
-            alias_of=alias_of, attrs=annotate(module, module_path, role, sub, tensor) if module is not None else {})
+            alias_of=alias_of, attrs=annotate(module, module_path, role, sub, tensor, annotator) if module is not None else {})
         if alias_of is not None:
             self.writer.submit(Pending(record=record))
         elif self.mode == "full":

@@ -1,0 +1,55 @@
+"""The same tiny models in transformers, megatron-core and SGLang, with the same random weights.
+
+transformers builds the reference from a seed; the Megatron twin gets its weights through
+tests/stacks/convert.py (split over tensor-parallel ranks when asked); SGLang's loads the
+transformers state dict itself (tests/stacks/sglang.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tests.helpers import tiny_qwen2
+from tests.stacks.convert import hf_to_megatron, load_megatron, tensor_parallel_shard
+
+
+def tiny_qwen3_moe(dtype=torch.float32, layers: int = 2, seed: int = 0):
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                            num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                            head_dim=16, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True,
+                            max_position_embeddings=64, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    return Qwen3MoeForCausalLM(config).to(dtype).eval()
+
+
+HF_MODELS = {"qwen2": tiny_qwen2, "qwen3_moe": tiny_qwen3_moe}
+
+
+def megatron_twin(hf_model, *, tensor_parallel: int = 1, rank: int = 0):
+    """A megatron-core GPTModel computing what ``hf_model`` computes (Megatron initialised)."""
+    from tests.stacks.megatron import build_gpt, gpt_config
+
+    c = hf_model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    experts = getattr(c, "num_experts", None)
+    config = gpt_config(layers=c.num_hidden_layers, hidden=c.hidden_size, heads=c.num_attention_heads,
+                        query_groups=c.num_key_value_heads, kv_channels=head_dim,
+                        ffn=c.moe_intermediate_size if experts else c.intermediate_size, experts=experts,
+                        topk=getattr(c, "num_experts_per_tok", 2), layernorm_epsilon=c.rms_norm_eps,
+                        add_qkv_bias=bool(getattr(c, "attention_bias", False)) or c.model_type == "qwen2",
+                        tensor_model_parallel_size=tensor_parallel,
+                        dtype=next(hf_model.parameters()).dtype)
+    model = build_gpt(config, vocab=c.vocab_size, max_sequence=c.max_position_embeddings,
+                      qk_layernorm=hasattr(hf_model.model.layers[0].self_attn, "q_norm"),
+                      rotary_base=int(_rope_theta(c)))
+    state = hf_to_megatron(hf_model.state_dict(), heads=c.num_attention_heads, groups=c.num_key_value_heads,
+                           head_dim=head_dim)
+    load_megatron(model, tensor_parallel_shard(state, rank, tensor_parallel) if tensor_parallel > 1 else state)
+    return model
+
+
+def _rope_theta(config) -> float:
+    parameters = getattr(config, "rope_parameters", None) or {}
+    return parameters.get("rope_theta", getattr(config, "rope_theta", 10000.0))

@@ -7,7 +7,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from tdiff.align.boundaries import MODEL_INPUTS, layer_name
+from tdiff.align.boundaries import MODEL_INPUTS, layer_name, split_name
 from tdiff.align.canonical import CanonicalTensor, Piece, assemble
 from tdiff.align.ops import Take, TokensFirst
 from tdiff.store import Dump, Record
@@ -100,15 +100,22 @@ class Adapter:
             for found, reason in view.problems:
                 problems.setdefault(found.name, f"step {found.step}: {reason}")
                 problem_records.extend(found.records)
+        not_exposed = self.not_exposed_in(dump)
+        pieces = [p for p in pieces if split_name(p.name)[1] not in not_exposed]   # listed as unmapped
         tensors, unresolved = assemble(pieces)
         unresolved += sorted(problems.items())
         used = {(r.part, r.seq) for p in pieces for r in p.records}
         used |= {(r.part, r.seq) for r in problem_records}
         unmapped = [r for r in dump.records if (r.part, r.seq) not in used]
-        return Canonicalized(self, tensors, unresolved, unmapped, self.not_exposed_in(dump))
+        return Canonicalized(self, tensors, unresolved, unmapped, not_exposed)
 
     def not_exposed_in(self, dump: Dump) -> dict[str, str]:
         return dict(self.not_exposed)
+
+    def recognized(self, dump: Dump) -> int:
+        """How many distinct module paths of the dump this adapter's rules know."""
+        return sum(1 for module in {r.module for r in dump.records if r.role != "explicit"}
+                   if any(pattern.fullmatch(module) for rule, pattern in self._compiled if rule.pattern))
 
     def pieces(self, view: View) -> list[Piece]:
         """Every canonical piece in one rank's records of one step (the simple rules; adapters

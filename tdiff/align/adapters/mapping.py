@@ -82,7 +82,6 @@ class MappingAdapter(Adapter):
                                  transforms=(Narrow(rule.slice[0], rule.slice[1], rule.boundary),) if rule.slice else (),
                                  layout=(TokensFirst(rule.layout),) if not rule.explicit else (),
                                  kind=rule.kind, spec=list(rule.shard) if rule.shard else None))
-                break
         return out
 
 

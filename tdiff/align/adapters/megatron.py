@@ -85,7 +85,7 @@ class MegatronAdapter(Adapter):
         for match, module in view.find(self._ROUTER):
             out += self._topk(view, match, module)
         for match, module in view.find(self._MOE):
-            if view.modules[module] == "MoELayer":
+            if module + ".router" in view.modules or module + ".experts" in view.modules:   # a MoE layer
                 shared = module + ".shared_experts" in view.modules
                 for record in view.calls(module, "output", "0"):
                     boundaries = ("moe.out",) if shared else ("moe.out", "moe.combine")
@@ -175,7 +175,20 @@ class MegatronAdapter(Adapter):
                                  "module output (the linear's input is the pre-norm residual stream)")
         if any(m.endswith(".mlp.shared_experts") for m in classes):
             out["moe.combine"] = "MoELayer adds the shared experts' output to the routed output internally"
+        if any(m.endswith(".mlp.experts") for m in classes) and _gathers_tensor_parallel_copies(dump):
+            reason = ("with tensor parallelism and no sequence parallelism, Megatron's experts see every "
+                      "TP rank's copy of the tokens (and the expert-TP ranks hold partial sums)")
+            out.update({"moe.dispatch": reason, "moe.experts": reason})
         return out
+
+
+def _gathers_tensor_parallel_copies(dump: Dump) -> bool:
+    for record in dump.records:
+        parallel = record.attrs.get("parallel")
+        if isinstance(parallel, dict):
+            tp = parallel.get("tp") or [0, 1]
+            return tp[1] > 1 and not parallel.get("sp")
+    return False
 
 
 # ---- capture-time annotation ----
@@ -255,7 +268,9 @@ def _shard_spec(module, path: str, role: str, sub: str) -> list[dict] | None:
     if path.endswith(("q_layernorm", "k_layernorm")):
         return [{"axis": "tp", "dim": -2}]
     if cls in _EXPERTS:
-        return [{"axis": "ep", "dim": 0}]
+        # routed tokens are split over expert-parallel ranks; expert-TP ranks hold partial outputs
+        partial = [{"axis": "etp", "reduce": "sum"}] if role == "output" else []
+        return [{"axis": "ep", "dim": 0}] + partial
     if sequence and sub in _HIDDEN_SUBS and (cls in _SEQUENCE_SHARDED or "Norm" in cls):
         return sequence
     return None

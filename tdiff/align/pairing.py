@@ -111,10 +111,10 @@ def _side_alignment(dump: Dump, found: Canonicalized) -> SideAlignment:
                          unresolved=found.unresolved, unmapped=collapse_names(r.name for r in found.unmapped))
 
 
-_LAYER_INDEX = re.compile(r"((?:^|\.)(?:layers|local_experts)\.)\d+(?=$|[.\[])")
+_INDEX = re.compile(r"(^|\.)\d+(?=$|[.\[])")
 
 
 def collapse_names(names) -> list[str]:
-    """Record names with layer (and expert) indices replaced by N, each with its count."""
-    counts = Counter(_LAYER_INDEX.sub(r"\1N", name) for name in names)
+    """Record names with numeric path parts (layers, experts) replaced by N, each with its count."""
+    counts = Counter(_INDEX.sub(r"\1N", name) for name in names)
     return [f"{name} (x{n})" if n > 1 else name for name, n in counts.items()]

@@ -61,6 +61,19 @@ def test_tp2_matches_tp1_within_fp32_tolerance(tp_dumps):
     assert "2 tp replicas: checked bitwise identical, rank 0's kept" in plan("layers.0.moe.topk_ids", step=1)
 
 
+def test_megatron_ranks_record_their_coordinates_and_shard_specs(tp_dumps):
+    from tdiff.store import open_dump
+
+    records = {(r.name, r.role, r.rank): r for r in open_dump(tp_dumps[1]).records if r.step == 0}
+    qkv = records[("decoder.layers.0.self_attention.linear_qkv[0]", "output", 1)].attrs
+    assert qkv["framework"] == "megatron" and qkv["parallel"]["tp"] == [1, 2]
+    assert qkv["shard"] == [{"axis": "tp", "dim": -1}]
+    assert records[("decoder.layers.0.self_attention.linear_proj[0]", "input", 0)].attrs["shard"] == \
+        [{"axis": "tp", "dim": -1}]
+    norm = records[("decoder.layers.0.input_layernorm", "output", 1)].attrs   # a torch.nn.RMSNorm
+    assert norm["framework"] == "torch" and norm["parallel"]["tp"] == [1, 2] and "shard" not in norm
+
+
 def test_tp2_against_hugging_face(tp_dumps, dumps):
     """Two hops at once: another framework and another parallel layout."""
     result = tdiff_process("compare", dumps["hf:qwen2"], tp_dumps[1], "--atol", "1e-5", "--select", "^layers",

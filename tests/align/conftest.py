@@ -1,79 +1,49 @@
-"""Dumps of the same tiny models in transformers, megatron-core and SGLang, captured once per
-session (the stacks share one process: Megatron's distributed state first, then SGLang's)."""
+"""Dumps of the same tiny models in transformers, megatron-core and SGLang, captured once for the
+package by one subprocess (tests/stacks/capture_models.py): Megatron and SGLang initialise
+torch.distributed, which the test process itself must not keep."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
-import torch
 
-import tdiff
-from tests.helpers import tdiff_cli, token_ids
-from tests.stacks.models import HF_MODELS, megatron_twin
+from tests.helpers import REPO, tdiff_cli
+from tests.stacks.capture_models import batch_ids  # noqa: F401  (the inputs every dump saw)
 
-BATCH, TOKENS = 2, 8
-
-
-def batch_ids(batch: int = BATCH) -> torch.Tensor:
-    return torch.cat([token_ids(TOKENS, seed=1 + b) for b in range(batch)])
-
-
-@pytest.fixture(scope="session")
-def stacks():
-    from tests.stacks.megatron import init_megatron
-    from tests.stacks.sglang import init_sglang
-
-    init_megatron()
-    init_sglang()
+RUNS = ["hf:qwen2", "hf:qwen3_moe", "hf1:qwen2", "hf1:qwen3_moe", "megatron:qwen2", "megatron:qwen3_moe",
+        "megatron1:qwen2", "megatron1:qwen3_moe", "sglang:qwen2", "sglang:qwen3_moe", "planted:qwen2",
+        "dumper:qwen2", "dumper:qwen3_moe", "tp1:qwen2+qwen3_moe"]
 
 
 class Dumps:
-    """Captures the models on first request; each dump directory is made once per session."""
-
     def __init__(self, root):
         self.root = root
-        self.made: dict[str, object] = {}
 
-    def __getitem__(self, key: str):
-        if key not in self.made:
-            self.made[key] = self._capture(key)
-        return self.made[key]
-
-    def _capture(self, key: str):
-        framework, model_name = key.split(":")
-        out = self.root / f"{framework}-{model_name}"
-        hf = HF_MODELS[model_name]()
-        if framework == "hf":             # batch of 2, the Megatron twin's input
-            with tdiff.capture(out, side=key, model=hf), torch.no_grad():
-                hf(batch_ids())
-        elif framework == "hf1":          # one sequence, SGLang's prefill
-            with tdiff.capture(out, side=key, model=hf), torch.no_grad():
-                hf(batch_ids(1))
-        elif framework in ("megatron", "megatron1"):
-            from tests.stacks.megatron import gpt_forward
-
-            model = megatron_twin(hf)
-            with tdiff.capture(out, side=key, model=model):
-                gpt_forward(model, batch_ids(BATCH if framework == "megatron" else 1))
-        elif framework == "sglang":
-            from tests.stacks.sglang import build_qwen2, build_qwen3_moe, load_hf_weights, prefill
-
-            model = (build_qwen2 if model_name == "qwen2" else build_qwen3_moe)(hf.config)
-            load_hf_weights(model, hf.state_dict())
-            with tdiff.capture(out, side=key, model=model):
-                prefill(model, batch_ids(1)[0])
-        return out
+    def __getitem__(self, name: str):
+        run, _, model = name.partition(":")
+        path = self.root / f"{run}-{model}"
+        assert path.is_dir(), f"{name} is not among the captured RUNS"
+        return path
 
 
-@pytest.fixture(scope="session")
-def dumps(stacks, tmp_path_factory):
-    return Dumps(tmp_path_factory.mktemp("align-dumps"))
+@pytest.fixture(scope="package")
+def dumps(tmp_path_factory):
+    root = tmp_path_factory.mktemp("align-dumps")
+    done = subprocess.run([sys.executable, "-m", "tests.stacks.capture_models", str(root), *RUNS], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return Dumps(root)
 
 
 def compare_json(a, b, *args, expect: int | None = None) -> dict:
-    result = tdiff_cli("compare", a, b, "--json", *args, expect=expect)
-    return json.loads(result.output)
+    result = tdiff_cli("compare", a, b, "--json", *args)
+    report = json.loads(result.output) if result.output.startswith("{") else None
+    if expect is not None:
+        assert result.exit_code == expect, (report or {}).get("first_divergence") or result.output[-2000:]
+    return report
 
 
 def by_name(report: dict) -> dict:

@@ -1,41 +1,16 @@
 """A dump written by SGLang's own dumper on a Megatron model, against a tdiff capture of it."""
 
 import pytest
-import torch
 
-import tdiff
-from tests.align.conftest import batch_ids, by_name, compare_json
-from tests.stacks.models import HF_MODELS, megatron_twin
+from tests.align.conftest import by_name, compare_json
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def dumper(stacks):
-    from sglang.srt.debug_utils.dumper import dumper
-
-    yield dumper
-    dumper.reset()
-    dumper.configure(enable=False)
-
-
 @pytest.mark.parametrize("model", ["qwen2", "qwen3_moe"])
-def test_dumper_output_compares_against_a_tdiff_capture(dumper, tmp_path, model):
-    from tests.stacks.megatron import gpt_forward
-
-    megatron = megatron_twin(HF_MODELS[model]())
-    dumper.reset()
-    dumper.configure(enable=True, dir=str(tmp_path / "dumper"), exp_name=model, non_intrusive_mode="all",
-                     enable_output_console=False)
-    dumper.register_non_intrusive_dumper(megatron)
-    gpt_forward(megatron, batch_ids())
-    dumper.step()
-    dumper.reset()
-    dumper.configure(enable=False)
-    with tdiff.capture(tmp_path / "tdiff", model=megatron):
-        gpt_forward(megatron, batch_ids())
-
-    report = compare_json(tmp_path / "dumper", tmp_path / "tdiff", expect=0)   # bitwise: the same run
+def test_dumper_output_compares_against_a_tdiff_capture(dumps, model):
+    dumper_dir = dumps[f"dumper:{model}"] / model
+    report = compare_json(dumper_dir, dumps.root / f"dumper-tdiff-{model}", expect=0)   # bitwise: one run
     tensors = by_name(report)
     assert {"layers.1.attn.q", "layers.1.attn.q_rope", "layers.1.output", "logits"} <= set(tensors)
     assert all(t["status"] == "match" for t in tensors.values())
@@ -51,4 +26,3 @@ def test_dumper_output_compares_against_a_tdiff_capture(dumper, tmp_path, model)
     else:
         assert uncertain == set() and tensors["layers.0.attn.q_norm"]["status"] == "match"
         assert tensors["layers.0.moe.dispatch"]["status"] == "match"
-    assert torch.load(next((tmp_path / "dumper" / model).glob("*.pt")), weights_only=True)["meta"]["name"]

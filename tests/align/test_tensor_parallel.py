@@ -7,9 +7,7 @@ import sys
 
 import pytest
 
-import tdiff
 from tests.helpers import REPO, tdiff_process
-from tests.stacks.run_megatron import run
 
 pytestmark = pytest.mark.slow
 
@@ -23,15 +21,13 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def tp_dumps(stacks, tmp_path_factory):
-    root = tmp_path_factory.mktemp("tensor-parallel")
-    with tdiff.capture(root / "tp1"):
-        run(MODELS)
-    captured = tdiff_process("capture", "--out", root / "tp2", "--", sys.executable, "-m", "torch.distributed.run",
+def tp_dumps(dumps, tmp_path_factory):
+    tp2 = tmp_path_factory.mktemp("tensor-parallel") / "tp2"
+    captured = tdiff_process("capture", "--out", tp2, "--", sys.executable, "-m", "torch.distributed.run",
                              "--nproc-per-node", "2", "--master-port", free_port(), "-m", "tests.stacks.run_megatron",
                              *[arg for m in MODELS for arg in ("--model", m)], cwd=REPO)
     assert captured.returncode == 0, captured.stderr[-3000:]
-    return root / "tp1", root / "tp2"
+    return dumps["tp1:" + "+".join(MODELS)], tp2
 
 
 def test_tp2_matches_tp1_within_fp32_tolerance(tp_dumps):

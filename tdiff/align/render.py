@@ -31,5 +31,6 @@ def _render_side(label: str, side: SideAlignment, console: Console) -> None:
     for name, reason in side.unresolved:
         console.print(f"  [yellow]cannot build on {label}[/yellow]: {name}: {escape(reason)}")
     if side.unmatched:
-        shown = ", ".join(side.unmatched[:8]) + (f" and {len(side.unmatched) - 8} more" if len(side.unmatched) > 8 else "")
+        more = len(side.unmatched) - 8
+        shown = ", ".join(side.unmatched[:8]) + (f" and {more} more" if more > 0 else "")
         console.print(f"  [red]only on {label}[/red] (the other side could expose them): {shown}")

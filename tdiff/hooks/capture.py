@@ -205,7 +205,8 @@ class Capture:
             rank=self._current_rank(), dtype=dtype_name(tensor.dtype), shape=tuple(tensor.shape),
             sub=sub, module_class=type(module).__name__ if module is not None else None,
             parent=parent.path if parent else None, depth=depth, device=str(tensor.device),
-            alias_of=alias_of, attrs=annotate(module, module_path, role, sub, tensor, annotator) if module is not None else {})
+            alias_of=alias_of,
+            attrs=annotate(module, module_path, role, sub, tensor, annotator) if module is not None else {})
         if alias_of is not None:
             self.writer.submit(Pending(record=record))
         elif self.mode == "full":

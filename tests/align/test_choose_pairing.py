@@ -23,7 +23,8 @@ def test_dumps_of_plain_torch_code_pair_by_name(tmp_path):
 
 
 def test_a_mapping_makes_even_one_framework_align_by_boundary(dumps, tmp_path):
-    (tmp_path / "map.yaml").write_text("side: both\nrules:\n  - {module: '(?:.*\\.)?embed_tokens', boundary: embedding}\n")
+    (tmp_path / "map.yaml").write_text(
+        "side: both\nrules:\n  - {module: '(?:.*\\.)?embed_tokens', boundary: embedding}\n")
     hf = open_dump(dumps["hf:qwen2"])
     pairing = choose_pairing(hf, hf, tmp_path / "map.yaml")
     assert [p.name for p in pairing.pair(hf, hf)] == ["embedding"]

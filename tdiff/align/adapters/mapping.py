@@ -78,8 +78,8 @@ class MappingAdapter(Adapter):
                     continue
                 layer = match.groupdict().get("layer")
                 name = f"layers.{int(layer)}.{rule.boundary}" if layer is not None else rule.boundary
-                out.append(Piece(name, view.step, record.call, [record],
-                                 transforms=(Narrow(rule.slice[0], rule.slice[1], rule.boundary),) if rule.slice else (),
+                part = (Narrow(rule.slice[0], rule.slice[1], rule.boundary),) if rule.slice else ()
+                out.append(Piece(name, view.step, record.call, [record], transforms=part,
                                  layout=(TokensFirst(rule.layout),) if not rule.explicit else (),
                                  kind=rule.kind, spec=list(rule.shard) if rule.shard else None))
         return out
@@ -155,8 +155,8 @@ def _rule(rule, default_layout: str, where: str) -> MappingRule:
             raise TdiffError(f"{where}: shard must be a list like [{{axis: tp, dim: -1}}] or "
                              "[{axis: tp, reduce: sum}] (axes tp, etp, ep)")
         shard = tuple(shard)
-    return MappingRule(pattern, explicit, role, subs, boundary, kind, _layout(rule.get("layout", default_layout), where),
-                       tuple(window) if window else None, shard)
+    layout = _layout(rule.get("layout", default_layout), where)
+    return MappingRule(pattern, explicit, role, subs, boundary, kind, layout, tuple(window) if window else None, shard)
 
 
 def _layout(value, where: str) -> str:

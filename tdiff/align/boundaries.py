@@ -81,11 +81,6 @@ def split_name(name: str) -> tuple[int | None, str]:
     return None, name
 
 
-def is_canonical(name: str) -> bool:
-    layer, boundary = split_name(name)
-    return layer is not None or boundary in MODEL_INPUTS or boundary in MODEL_OUTPUTS
-
-
 def kind_of(name: str) -> str:
     layer, boundary = split_name(name)
     if layer is not None:

@@ -187,17 +187,3 @@ class SeqMajorRows:
         if self.batch == 1:
             return t
         return t.reshape(-1, self.batch, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
-
-
-@dataclass(frozen=True)
-class Rows:
-    """[tokens, features] from a tensor whose leading dims hold tokens times something (SGLang's
-    per-head norms see [tokens * heads, head_dim])."""
-
-    tokens: int
-
-    def describe(self) -> str:
-        return f"-> [{self.tokens} tokens, features]"
-
-    def apply(self, t: torch.Tensor) -> torch.Tensor:
-        return t.reshape(self.tokens, -1)

@@ -13,7 +13,8 @@ import pytest
 from tests.helpers import REPO, tdiff_cli
 from tests.stacks.capture_models import batch_ids  # noqa: F401  (the inputs every dump saw)
 
-RUNS = ["hf:qwen2", "hf:qwen3_moe", "hf1:qwen2", "hf1:qwen3_moe", "megatron:qwen2", "megatron:qwen3_moe",
+RUNS = ["hf:qwen2", "hf:llama", "hf:qwen3_moe", "hf1:qwen2", "hf1:qwen3_moe", "megatron:qwen2", "megatron:llama",
+        "megatron:qwen3_moe",
         "megatron1:qwen2", "megatron1:qwen3_moe", "sglang:qwen2", "sglang:qwen3_moe", "planted:qwen2",
         "dumper:qwen2", "dumper:qwen3_moe", "tp1:qwen2+qwen3_moe"]
 

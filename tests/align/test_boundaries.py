@@ -2,8 +2,8 @@
 
 import re
 
-from tdiff.align.boundaries import (KINDS, LAYER_BOUNDARIES, MODEL_INPUTS, MODEL_OUTPUTS, is_canonical, kind_of,
-                                    layer_index, layer_name, order_key)
+from tdiff.align.boundaries import (KINDS, LAYER_BOUNDARIES, MODEL_INPUTS, MODEL_OUTPUTS, kind_of, layer_index,
+                                    layer_name, order_key, split_name)
 from tests.helpers import REPO
 
 
@@ -12,7 +12,8 @@ def test_every_boundary_has_a_kind_bisect_knows():
         assert kind in KINDS
     assert kind_of("layers.3.mlp.down") == "linear" and kind_of("my_value") == "other"
     assert layer_index("layers.12.attn.q_rope") == 12 and layer_index("logits") is None
-    assert is_canonical("layers.0.moe.topk_ids") and not is_canonical("layers.0.unknown")
+    assert split_name("layers.0.moe.topk_ids") == (0, "moe.topk_ids")
+    assert split_name("layers.0.unknown") == (None, "layers.0.unknown")
 
 
 def test_names_sort_in_execution_order():

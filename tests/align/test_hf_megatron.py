@@ -21,6 +21,7 @@ def expected(per_layer: list[str]) -> set[str]:
 
 @pytest.mark.parametrize("model, per_layer, hf_hides, megatron_hides", [
     ("qwen2", DENSE, HF_HIDES, set()),
+    ("llama", DENSE, HF_HIDES, set()),
     ("qwen3_moe", MOE, HF_HIDES | {"moe.dispatch", "moe.experts"}, {"moe.router"}),
 ])
 def test_every_canonical_boundary_aligns_within_fp32_tolerance(dumps, model, per_layer, hf_hides, megatron_hides):

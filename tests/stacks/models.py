@@ -24,7 +24,31 @@ def tiny_qwen3_moe(dtype=torch.float32, layers: int = 2, seed: int = 0):
     return Qwen3MoeForCausalLM(config).to(dtype).eval()
 
 
-HF_MODELS = {"qwen2": tiny_qwen2, "qwen3_moe": tiny_qwen3_moe}
+def tiny_llama(dtype=torch.float32, layers: int = 2, seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).to(dtype).eval()
+
+
+def tiny_deepseek_v3(dtype=torch.float32, seed: int = 0):
+    """Two layers: a dense one, then a MoE one with a shared expert; multi-head latent attention."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    config = DeepseekV3Config(vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                              num_hidden_layers=2, first_k_dense_replace=1, num_attention_heads=4,
+                              num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
+                              topk_group=1, n_shared_experts=1, q_lora_rank=16, kv_lora_rank=16,
+                              qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+                              max_position_embeddings=64, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    return DeepseekV3ForCausalLM(config).to(dtype).eval()
+
+
+HF_MODELS = {"qwen2": tiny_qwen2, "llama": tiny_llama, "qwen3_moe": tiny_qwen3_moe}
 
 
 def megatron_twin(hf_model, *, tensor_parallel: int = 1, rank: int = 0):

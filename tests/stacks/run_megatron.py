@@ -30,7 +30,7 @@ def run(models: list[str], *, batch: int = 2, tokens: int = 8, tensor_parallel: 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model", choices=["qwen2", "qwen3_moe"], action="append")
+    parser.add_argument("--model", choices=["qwen2", "llama", "qwen3_moe"], action="append")
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=8)
     args = parser.parse_args()

@@ -17,6 +17,7 @@ from tdiff.align.adapters.base import Adapter, Canonicalized
 from tdiff.align.boundaries import order_key, split_name
 from tdiff.align.canonical import CanonicalTensor
 from tdiff.compare.pairing import Pair, Side
+from tdiff.errors import TdiffError
 from tdiff.store import Dump
 
 
@@ -67,6 +68,10 @@ class CanonicalPairing:
 
     def pair(self, a: Dump, b: Dump) -> list[Pair]:
         ca, cb = self.adapters[0].canonicalize(a), self.adapters[1].canonicalize(b)
+        for dump, found in ((a, ca), (b, cb)):
+            if not found.tensors:
+                raise TdiffError(f"{dump.path}: the {found.adapter.label} adapter found no canonical boundary "
+                                 "in it; check the capture's --select/--layers (or the mapping's rules)")
         alignment = Alignment(_side_alignment(a, ca), _side_alignment(b, cb))
         self.alignment = alignment
         by_key_a = {t.key: t for t in ca.tensors}

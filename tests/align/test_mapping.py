@@ -157,3 +157,9 @@ def test_a_mapping_for_two_known_frameworks_must_name_its_side(pair, dumps, tmp_
     (tmp_path / "map.yaml").write_text("rules:\n  - {module: x, boundary: embedding}\n")
     result = tdiff_cli("compare", pair / "hf", dumps["megatron:qwen2"], "--mapping", tmp_path / "map.yaml", expect=2)
     assert "say which side the file maps with `side: a` or `side: b`" in result.output
+
+
+def test_a_mapping_that_matches_nothing_says_so(pair, tmp_path):
+    (tmp_path / "map.yaml").write_text("rules:\n  - {module: 'nothing\\.like\\.this', boundary: embedding}\n")
+    result = tdiff_cli("compare", pair / "hf", pair / "user", "--mapping", tmp_path / "map.yaml", expect=2)
+    assert "the mapping map.yaml adapter found no canonical boundary in it" in result.output

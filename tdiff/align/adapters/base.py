@@ -121,15 +121,18 @@ class Adapter:
         """Every canonical piece in one rank's records of one step (the simple rules; adapters
         add the boundaries that need several records or a split)."""
         out = []
+        matches: dict[str, list] = {}
         for record in view.records:
             if record.role == "explicit":
                 # values dumped by name pair by that name, compared as stored
                 out.append(Piece(record.name, view.step, record.call, [record]))
                 continue
-            for rule, pattern in self._compiled:
+            if record.module not in matches:
+                matches[record.module] = [(rule, m) for rule, pattern in self._compiled
+                                          if (m := pattern.fullmatch(record.module))]
+            for rule, match in matches[record.module]:
                 if (record.role == rule.role and (record.sub in rule.subs or (record.sub == "" and "0" in rule.subs))
-                        and record.module_class not in rule.skip_classes
-                        and (match := pattern.fullmatch(record.module))):
+                        and record.module_class not in rule.skip_classes):
                     found = piece(rule.boundary, match, view, [record], layout=(TokensFirst(rule.order),))
                     if record.module_class is None and rule.skip_classes:
                         found.uncertain = (f"{record.module} has no recorded class: it may be a placeholder "

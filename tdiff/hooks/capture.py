@@ -254,14 +254,19 @@ def _host_copy(record: Record, tensor: torch.Tensor) -> Pending:
     """Copy now (the model may change the tensor in place later); the writer persists it.
 
     The copy goes through the raw bytes, so dtypes without copy kernels (bits, int1...) work too.
+    A GPU tensor is copied on a side stream into pinned memory, overlapping the forward pass.
     """
     raw = to_bytes_view(tensor)  # a fresh contiguous copy already when the tensor was strided
     ready = None
     if tensor.device.type == "cuda":
         host = torch.empty(raw.shape, dtype=torch.uint8, pin_memory=True)
-        host.copy_(raw, non_blocking=True)
-        ready = torch.cuda.Event()
-        ready.record()
+        stream = _copy_stream(tensor.device)
+        stream.wait_stream(torch.cuda.current_stream(tensor.device))
+        with torch.cuda.stream(stream):
+            host.copy_(raw, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record(stream)
+        raw.record_stream(stream)  # the allocator must not hand raw's memory out before the copy ends
     elif tensor.device.type != "cpu":
         host = raw.cpu()
     else:
@@ -270,12 +275,20 @@ def _host_copy(record: Record, tensor: torch.Tensor) -> Pending:
     return Pending(record=record, data=data, ready=ready, nbytes=host.numel())
 
 
+_copy_streams: dict = {}
+
+
+def _copy_stream(device: torch.device):
+    if device not in _copy_streams:
+        _copy_streams[device] = torch.cuda.Stream(device)
+    return _copy_streams[device]
+
+
 def _device_summary(record: Record, tensor: torch.Tensor) -> Pending:
     """Statistics and fingerprint computed where the tensor lives; a GPU tensor stays there."""
-    stats = tensor_stats(tensor)
     if tensor.device.type == "cpu":
-        return Pending(record=record, stats=stats, fingerprint=xxh3_fingerprint(tensor))
-    packed = torch.cat([stats, wsum64_fingerprint_tensor(tensor).view(1).view(torch.float64)])
+        return Pending(record=record, stats=tensor_stats(tensor), fingerprint=xxh3_fingerprint(tensor))
+    packed = _packed_summary(tensor)
     ready = None
     if tensor.device.type == "cuda":
         host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
@@ -284,7 +297,20 @@ def _device_summary(record: Record, tensor: torch.Tensor) -> Pending:
         ready.record()
     else:
         host = packed.cpu()
-    return Pending(record=record, stats=host[:-1], digest=host[-1:].view(torch.int64)[0], ready=ready)
+    return Pending(record=record, stats=host[:6], digest=host[6:].view(torch.int64)[0], ready=ready)
+
+
+def _packed_summary(tensor: torch.Tensor) -> torch.Tensor:
+    """[6 statistics, the wsum64 digest's bits] as float64 on the tensor's device."""
+    if tensor.device.type == "cuda":
+        try:
+            from tdiff.store.device_summary import fused_summary, fused_summary_supported
+        except ImportError:  # no Triton: the torch ops below give the same values, more slowly
+            pass
+        else:
+            if fused_summary_supported(tensor):
+                return fused_summary(tensor)
+    return torch.cat([tensor_stats(tensor), wsum64_fingerprint_tensor(tensor).view(1).view(torch.float64)])
 
 
 def _ranges(value, what: str):

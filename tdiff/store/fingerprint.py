@@ -27,8 +27,8 @@ import xxhash
 from tdiff.store.dtypes import dtype_name, to_bytes_view
 
 STAT_NAMES = ("min", "max", "mean", "abs_mean", "nan", "inf")
-_WEIGHT_MULTIPLIER = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
-_WEIGHT_OFFSET = 0x632BE59BD9B4E019
+WEIGHT_MULTIPLIER = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
+WEIGHT_OFFSET = 0x632BE59BD9B4E019
 
 
 def _shape_tag(dtype: str, shape) -> bytes:
@@ -52,7 +52,7 @@ def wsum64_fingerprint_tensor(tensor: torch.Tensor) -> torch.Tensor:
         raw = torch.cat([raw, raw.new_zeros(padding)])
     words = raw.view(torch.int64)
     weights = torch.arange(words.numel(), device=words.device, dtype=torch.int64)
-    weights.mul_(_WEIGHT_MULTIPLIER).add_(_WEIGHT_OFFSET).bitwise_or_(1)
+    weights.mul_(WEIGHT_MULTIPLIER).add_(WEIGHT_OFFSET).bitwise_or_(1)
     return (words * weights).sum() + words.numel()
 
 

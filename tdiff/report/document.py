@@ -153,7 +153,7 @@ def boundary_table(report: Report) -> Table:
     culprit = report.culprit
     rows, severity = [], []
     for row in report.boundaries:
-        is_first = culprit is not None and row.first is culprit.comparison
+        is_first = culprit is not None and (row.layer, row.boundary) == (culprit.layer, culprit.boundary)
         name: Inline = (Code(row.boundary), " ◀ first") if is_first else Code(row.boundary)
         rows.append(["-" if row.layer is None else str(row.layer), name, row.kind or "-",
                      differ_cell(row), *metric_cells(row)])

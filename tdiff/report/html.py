@@ -43,6 +43,8 @@ def render_html(report: Report) -> str:
             out.append(_table(block))
         elif isinstance(block, Plots):
             out += [_figure(f) for f in figures(report)]
+            if not report.layer_numbers:
+                out.append("<p>No per-layer plots: the dumps hold no tensors of decoder layers.</p>")
             if report.culprit is not None and report.culprit.tokens is None:
                 out.append(f"<p>No per-token plot: {escape(report.culprit.tokens_note or '')}.</p>")
     out += ["</body>", "</html>", ""]

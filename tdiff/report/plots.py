@@ -18,6 +18,7 @@ from tdiff.report.model import LAYER_ITSELF, BoundaryRow, Report
 
 MAX_SERIES = 10                 # growth curves drawn; the heatmap shows every boundary
 MAX_TOKEN_POINTS = 2048         # longer sequences are drawn as the maximum over bins of tokens
+MAX_HEATMAP_ROWS = 80          # boundaries shown in the heatmap: the worst when there are more
 ANNOTATE_CELLS = 300            # heatmaps up to this many cells print their values
 EQUAL, MISSING, UNMEASURED = "#c7e9c0", "#eeeeee", "#6a3d9a"
 
@@ -38,10 +39,13 @@ def figures(report: Report) -> list[Figure]:
                           "Per layer, for the layer's output and the boundaries with the largest errors "
                           f"(at most {MAX_SERIES}). Log scales: a boundary that is bitwise equal in a layer "
                           "has no point there."))
+        boundaries = len({row.boundary for row in report.boundaries if row.layer is not None})
+        shown = (f" Shown: the {MAX_HEATMAP_ROWS} boundaries with the largest errors of {boundaries}."
+                 if boundaries > MAX_HEATMAP_ROWS else "")
         out.append(Figure("plot-heatmap", "Mismatch by boundary and layer", heatmap_svg(report),
                           "Fraction of elements whose bits differ. Green: bitwise equal; grey: not "
                           "captured; purple: differs, not measured (stats mode or one side only). "
-                          "The first divergence is outlined."))
+                          "The first divergence is outlined." + shown))
     culprit = report.culprit
     if culprit is not None and culprit.tokens is not None:
         t = culprit.tokens
@@ -141,18 +145,18 @@ def heatmap_svg(report: Report) -> str:
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
     layers = report.layer_numbers
-    names: list[str] = []
-    for row in report.boundaries:
-        if row.layer is not None and row.boundary not in names:
-            names.append(row.boundary)
+    names = _heatmap_rows(report)
+    row_of = {name: i for i, name in enumerate(names)}
     column = {n: j for j, n in enumerate(layers)}
     values = np.full((len(names), len(layers)), np.nan)
     for row in report.boundaries:
-        if row.layer is None:
+        if row.layer is None or row.boundary not in row_of:
             continue
-        fraction = row.mismatch_fraction
-        i, j = names.index(row.boundary), column[row.layer]
-        values[i, j] = 2.0 if fraction is None or (row.unmeasured and not fraction) else fraction
+        i, j = row_of[row.boundary], column[row.layer]
+        if row.unmeasured and not row.mismatched:
+            values[i, j] = 2.0              # above the scale: "differs, not measured" colour
+        else:
+            values[i, j] = row.mismatch_fraction or 0.0
     measured = values[(values > 0) & (values <= 1)]
     low = float(measured.min()) if measured.size else 1e-6
     low = min(low, 0.5)
@@ -177,10 +181,23 @@ def heatmap_svg(report: Report) -> str:
                 ax.text(j, i, f"{100 * value:.2g}%", ha="center", va="center", fontsize=6.5,
                         color="white" if value > 0.3 else "black")
     culprit = report.culprit
-    if culprit is not None and culprit.layer is not None and culprit.boundary in names:
-        i, j = names.index(culprit.boundary), column[culprit.layer]
+    if culprit is not None and culprit.layer in column and culprit.boundary in row_of:
+        i, j = row_of[culprit.boundary], column[culprit.layer]
         ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="crimson", linewidth=2))
     return _svg(fig, "heatmap")
+
+
+def _heatmap_rows(report: Report) -> list[str]:
+    """Boundary names in execution order; past MAX_HEATMAP_ROWS, those with the largest errors."""
+    rows: dict[str, tuple] = {}
+    for row in report.boundaries:
+        if row.layer is not None:
+            rows[row.boundary] = max(rows.get(row.boundary, ()), row.severity())
+    if len(rows) <= MAX_HEATMAP_ROWS:
+        return list(rows)
+    culprit = report.culprit.boundary if report.culprit else None
+    kept = set(sorted(rows, key=lambda name: (name == culprit, rows[name]), reverse=True)[:MAX_HEATMAP_ROWS])
+    return [name for name in rows if name in kept]
 
 
 # ---- per-token error ----

@@ -110,6 +110,8 @@ def culprit_token_errors(a: Dump, b: Dump, culprit: Comparison,
     ta, tb = _load(pair.a, a), _load(pair.b, b)
     if ta.shape != tb.shape:
         return None, f"the shapes differ ({list(ta.shape)} vs {list(tb.shape)})"
+    if ta.numel() == 0:
+        return None, "the tensor is empty"
     aligned = bool(pair.a.plan or pair.b.plan) or culprit.name != culprit.record.name
     axis = token_axis(tuple(ta.shape), aligned=aligned)
     if axis is None:

@@ -9,7 +9,7 @@ from tdiff.compare.engine import compare_dumps
 from tdiff.report.html import render_html
 from tdiff.report.model import build_report
 from tdiff.store import open_dump
-from tests.helpers import tdiff_process
+from tests.helpers import tdiff_process, tiny_qwen2, token_ids
 from tests.report.chromium import measure_figures, screenshot
 
 PLOTS = {"plot-growth", "plot-heatmap", "plot-tokens"}
@@ -62,12 +62,21 @@ def test_html_of_a_match_draws_flat_plots_and_no_token_plot(demo_dumps):
 
 
 def test_stats_mode_dumps_report_unmeasured_divergence(tmp_path):
-    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
-    for side, scale in (("a", 1.0), ("b", 1.5)):
+    model = tiny_qwen2(layers=2)
+    for side in ("a", "b"):
+        if side == "b":
+            with torch.no_grad():
+                model.model.layers[1].mlp.up_proj.weight[0, 0] += 0.5
         with torch.no_grad(), tdiff.capture(tmp_path / side, mode="stats"):
-            model(torch.ones(2, 4) * scale)
+            model(token_ids())
     report = build_report(compare_dumps(open_dump(tmp_path / "a"), open_dump(tmp_path / "b")))
+    assert report.culprit.comparison.name == "model.layers.1.mlp.up_proj"
     assert report.culprit.tokens is None and "stats mode" in report.culprit.tokens_note
-    assert all(row.unmeasured == row.diverged == 1 for row in report.boundaries)
+    up = next(row for row in report.boundaries if (row.layer, row.boundary) == (1, "mlp.up_proj"))
+    assert up.unmeasured == up.diverged == 1 and up.mismatch_fraction is None
     page = render_html(report)
-    assert "No per-token plot: captured in stats mode" in page and "(1 unmeasured)" in page
+    assert "No per-token plot: captured in stats mode" in page and "1/1 (1 unmeasured)" in page
+    assert 'id="plot-heatmap"' in page and 'id="plot-tokens"' not in page
+    # a match row of a stats dump is measured by its fingerprint: bitwise equal
+    gate = next(row for row in report.boundaries if (row.layer, row.boundary) == (1, "mlp.gate_proj"))
+    assert gate.diverged == 0 and gate.mismatch_fraction == 0.0

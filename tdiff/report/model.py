@@ -3,7 +3,7 @@
     >>> compare = compare_dumps(open_dump("dumps/a"), open_dump("dumps/b"))
     >>> report = build_report(compare)
     >>> report.culprit.boundary, [(row.layer, row.boundary) for row in report.boundaries][:2]
-    ('post_attention_layernorm', [(None, '(model)'), (None, 'embed_tokens')])
+    ('post_attention_layernorm', [(None, 'model.embed_tokens'), (None, 'model.rotary_emb')])
 
 Rows group tensors by op boundary within a decoder layer (:func:`boundary_of`). The culprit (the
 first divergence) is reloaded from both dumps for its per-token error.
@@ -11,6 +11,7 @@ first divergence) is reloaded from both dumps for its per-token error.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 
@@ -81,10 +82,6 @@ class BoundaryRow:
     @property
     def mismatch_fraction(self) -> float | None:
         return self.mismatched / self.numel if self.numel else None
-
-    @property
-    def label(self) -> str:
-        return f"layers.{self.layer}.{self.boundary}" if self.layer is not None else self.boundary
 
     def add(self, c: Comparison) -> None:
         self.tensors += 1
@@ -251,8 +248,6 @@ def layer_rows(boundaries: list[BoundaryRow]) -> list[LayerRow]:
 
 def read_patch_results(text: str, where: str) -> dict:
     """The JSON of ``tdiff patch try --json``, checked for the keys the report shows."""
-    import json
-
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -7,9 +7,10 @@ import sys
 
 import click
 
-from tdiff.cli.options import tolerance_from, tolerance_options
+from tdiff.cli.options import quiet_option, tolerance_from, tolerance_options
 from tdiff.compare.engine import CompareOptions, compare_dumps
 from tdiff.report.console import make_console, render_compare
+from tdiff.report.progress import progress_bar
 from tdiff.store.reader import open_dump
 
 
@@ -23,7 +24,8 @@ from tdiff.store.reader import open_dump
 @click.option("--top", type=int, default=50, show_default=True,
               help="Show at most K rows: the K worst divergences and the first one (0: all).")
 @click.option("--allow-incomplete", is_flag=True, help="Compare what an incomplete dump holds.")
-def compare(dump_a, dump_b, layer, select, exact, atol, rtol, as_json, top, allow_incomplete):
+@quiet_option
+def compare(dump_a, dump_b, layer, select, exact, atol, rtol, as_json, top, allow_incomplete, quiet):
     """Compare dumps A and B tensor by tensor.
 
     Tensors are paired by name, step, call index, role and rank. The verdict is bitwise unless
@@ -34,7 +36,9 @@ def compare(dump_a, dump_b, layer, select, exact, atol, rtol, as_json, top, allo
     tolerance = tolerance_from(exact, atol, rtol)
     a = open_dump(dump_a, allow_incomplete=allow_incomplete)
     b = open_dump(dump_b, allow_incomplete=allow_incomplete)
-    report = compare_dumps(a, b, CompareOptions(tolerance=tolerance, layer=layer, select=list(select)))
+    with progress_bar("comparing", quiet=quiet) as advance:
+        report = compare_dumps(a, b, CompareOptions(tolerance=tolerance, layer=layer, select=list(select)),
+                               progress=advance)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=1))
     else:

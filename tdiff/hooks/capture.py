@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from importlib import metadata
 import sys
 import threading
 import weakref
@@ -115,7 +116,7 @@ class Capture:
 
     def _new_writer(self) -> DumpWriter:
         header = {"side": self.side, "mode": self.mode, "argv": sys.argv[:16],
-                  "torch": torch.__version__, "tdiff": tdiff.__version__}
+                  "torch": torch.__version__, "tdiff": tdiff.__version__, "versions": _versions()}
         try:
             return DumpWriter(self.root, new_part_id(), header, storage=self.storage,
                               max_pending_bytes=self.max_pending_bytes,
@@ -344,6 +345,17 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _versions() -> dict[str, str]:
+    """Installed versions of the frameworks whose numerics a report must name."""
+    versions = {"torch": torch.__version__, "tdiff": tdiff.__version__}
+    for package in ("transformers", "megatron-core", "sglang", "triton"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            pass
+    return versions
 
 
 def active_capture() -> Capture | None:

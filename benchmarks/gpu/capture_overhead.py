@@ -5,6 +5,7 @@ events side by side in one run (issue 8, part 3).
 
 Variants, interleaved round by round:
   plain            the forward alone
+  hooks only       tdiff's module hook with nothing selected: the floor of any capture
   tdiff stats      fingerprints and statistics computed on the GPU (no copy of the tensor)
   tdiff full       pinned copies on a side stream, written to disk by a background thread
   sync save        a forward hook doing .cpu() + torch.save for every input and output tensor
@@ -59,11 +60,11 @@ def plain(model, ids, work):
     return {"forward": cuda_timed(lambda: model(ids))}
 
 
-def tdiff_mode(mode):
+def tdiff_mode(mode, select=()):
     def run(model, ids, work):
         import tdiff
 
-        capture = tdiff.capture(fresh(work / f"tdiff-{mode}"), mode=mode).start()
+        capture = tdiff.capture(fresh(work / f"tdiff-{mode}"), mode=mode, select=select).start()
         forward = cuda_timed(lambda: model(ids))
         drained = time.perf_counter()
         capture.stop()
@@ -96,8 +97,8 @@ def sync_save(model, ids, work):
     return {"forward": forward, "to disk": forward}
 
 
-VARIANTS = {"plain": plain, "tdiff stats": tdiff_mode("stats"), "tdiff full": tdiff_mode("full"),
-            "sync save": sync_save}
+VARIANTS = {"plain": plain, "hooks only": tdiff_mode("stats", select=["(?!)"]),
+            "tdiff stats": tdiff_mode("stats"), "tdiff full": tdiff_mode("full"), "sync save": sync_save}
 
 
 def measure(model, batch: int, tokens: int, rounds: int, work: Path) -> dict:
@@ -119,6 +120,7 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--shapes", default="1x128,1x512,8x512", help="batch x tokens, comma-separated")
     parser.add_argument("--work", type=Path, default=Path("/tmp/tdiff-gpu-bench"))
+    parser.add_argument("--profile", action="store_true", help="also print where capture spends its time")
     args = parser.parse_args(argv)
     model = qwen2_0_5b()
     params = sum(p.numel() for p in model.parameters()) / 1e6
@@ -137,7 +139,26 @@ def main(argv=None) -> None:
                                                  f"{'met' if row['forward'] / base <= target else 'MISSED'}")
             print(f"  {name:<12} {row['forward'] * 1e3:11.2f} {row['forward'] / base:8.2f} "
                   f"{to_disk * 1e3:11.2f} {to_disk / base:8.2f}  {verdict}")
+    if args.profile:
+        profile(model, args.work)
     shutil.rmtree(args.work, ignore_errors=True)
+
+
+def profile(model, work: Path) -> None:
+    import cProfile
+    import pstats
+
+    ids = torch.randint(0, model.config.vocab_size, (1, 128), device="cuda")
+    for mode in ("stats", "full"):
+        run = tdiff_mode(mode)
+        with torch.no_grad():
+            run(model, ids, work)
+            profiler = cProfile.Profile()
+            profiler.enable()
+            run(model, ids, work)
+            profiler.disable()
+        print(f"\nprofile of one {mode}-mode forward, batch 1 x 128 tokens (calling thread):")
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(14)
 
 
 if __name__ == "__main__":

@@ -27,13 +27,13 @@ from pathlib import Path
 import torch
 
 import tdiff
-from tdiff.store.dtypes import dtype_name, to_bytes_view
-from tdiff.store.fingerprint import tensor_stats, wsum64_fingerprint_tensor, xxh3_fingerprint
+from tdiff.store.dtypes import dtype_name
 from tdiff.store.manifest import create_dump, new_part_id
 from tdiff.store.record import Record
 from tdiff.store.storage import STORAGES
 from tdiff.store.writer import DEFAULT_MAX_PENDING, DEFAULT_SHARD_BYTES, DumpWriter, Pending
 from tdiff.errors import TdiffError
+from tdiff.hooks.device import Summarizer, host_copy
 from tdiff.hooks.naming import ModulePaths, flatten_call_inputs, flatten_tensors, tensor_name
 from tdiff.hooks.selection import Selection, parse_ranges
 
@@ -80,6 +80,7 @@ class Capture:
         self._local = threading.local()
         self._aliases: dict[int, tuple] = {}
         self._rank: int | None = None
+        self._summaries = Summarizer()
         self._forward_restore = None
 
     # ---- lifecycle ----
@@ -105,6 +106,7 @@ class Capture:
             self._forward_restore()
             self._forward_restore = None
         if self.writer is not None:
+            self._summaries.flush()
             self.writer.close()
             self.writer = None
 
@@ -129,6 +131,7 @@ class Capture:
         self.writer = self._new_writer()
         self._local = threading.local()
         self._aliases.clear()
+        self._summaries = Summarizer()
 
     # ---- steps ----
     def advance_step(self, *, manual: bool) -> None:
@@ -137,6 +140,7 @@ class Capture:
         self._top_level_done.clear()
         self._calls.clear()
         self._aliases.clear()
+        self._summaries.flush()
         self.writer.flush()
 
     # ---- module calls ----
@@ -205,9 +209,11 @@ class Capture:
         if alias_of is not None:
             self.writer.submit(Pending(record=record))
         elif self.mode == "full":
-            self.writer.submit(_host_copy(record, tensor))
+            host, ready = host_copy(tensor)
+            self.writer.submit(Pending(record=record, data=host.view(tensor.dtype).reshape(tensor.shape),
+                                       ready=ready, nbytes=host.numel()))
         else:
-            self.writer.submit(_device_summary(record, tensor))
+            self.writer.submit(Pending(record=record, summary=self._summaries.summarize(tensor)))
 
     def _alias_of(self, tensor: torch.Tensor, seq: int) -> int | None:
         """The seq of an earlier record of this very tensor object, unchanged since (same version)."""
@@ -249,69 +255,6 @@ class Capture:
                 del model.forward
 
         self._forward_restore = restore
-
-
-def _host_copy(record: Record, tensor: torch.Tensor) -> Pending:
-    """Copy now (the model may change the tensor in place later); the writer persists it.
-
-    The copy goes through the raw bytes, so dtypes without copy kernels (bits, int1...) work too.
-    A GPU tensor is copied on a side stream into pinned memory, overlapping the forward pass.
-    """
-    raw = to_bytes_view(tensor)  # a fresh contiguous copy already when the tensor was strided
-    ready = None
-    if tensor.device.type == "cuda":
-        host = torch.empty(raw.shape, dtype=torch.uint8, pin_memory=True)
-        stream = _copy_stream(tensor.device)
-        stream.wait_stream(torch.cuda.current_stream(tensor.device))
-        with torch.cuda.stream(stream):
-            host.copy_(raw, non_blocking=True)
-            ready = torch.cuda.Event()
-            ready.record(stream)
-        raw.record_stream(stream)  # the allocator must not hand raw's memory out before the copy ends
-    elif tensor.device.type != "cpu":
-        host = raw.cpu()
-    else:
-        host = raw.clone() if tensor.is_contiguous() else raw
-    data = host.view(tensor.dtype).reshape(tensor.shape)
-    return Pending(record=record, data=data, ready=ready, nbytes=host.numel())
-
-
-_copy_streams: dict = {}
-
-
-def _copy_stream(device: torch.device):
-    if device not in _copy_streams:
-        _copy_streams[device] = torch.cuda.Stream(device)
-    return _copy_streams[device]
-
-
-def _device_summary(record: Record, tensor: torch.Tensor) -> Pending:
-    """Statistics and fingerprint computed where the tensor lives; a GPU tensor stays there."""
-    if tensor.device.type == "cpu":
-        return Pending(record=record, stats=tensor_stats(tensor), fingerprint=xxh3_fingerprint(tensor))
-    packed = _packed_summary(tensor)
-    ready = None
-    if tensor.device.type == "cuda":
-        host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
-        host.copy_(packed, non_blocking=True)
-        ready = torch.cuda.Event()
-        ready.record()
-    else:
-        host = packed.cpu()
-    return Pending(record=record, stats=host[:6], digest=host[6:].view(torch.int64)[0], ready=ready)
-
-
-def _packed_summary(tensor: torch.Tensor) -> torch.Tensor:
-    """[6 statistics, the wsum64 digest's bits] as float64 on the tensor's device."""
-    if tensor.device.type == "cuda":
-        try:
-            from tdiff.store.device_summary import fused_summary, fused_summary_supported
-        except ImportError:  # no Triton: the torch ops below give the same values, more slowly
-            pass
-        else:
-            if fused_summary_supported(tensor):
-                return fused_summary(tensor)
-    return torch.cat([tensor_stats(tensor), wsum64_fingerprint_tensor(tensor).view(1).view(torch.float64)])
 
 
 def _ranges(value, what: str):

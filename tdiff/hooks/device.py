@@ -36,30 +36,33 @@ class _DeviceSummary(Summary):
         self._batch, self._index = batch, index
 
     def resolve(self, record) -> tuple[dict, str]:
-        values = self._batch.wait()[self._index]
-        digest = int(values[6:].view(torch.int64)[0])
-        return stats_dict(values[:6]), wsum64_format(digest, record.dtype, record.shape)
+        stats, digests = self._batch.wait()
+        return stats_dict(stats[self._index]), wsum64_format(digests[self._index], record.dtype, record.shape)
 
 
 class _Batch:
     """Slots of the device table on their way to pinned host memory."""
 
     def __init__(self):
-        self.host: torch.Tensor | None = None
+        self._host: torch.Tensor | None = None
         self._event = None
         self._issued = threading.Event()
+        self._values: tuple[list, list] | None = None
 
     def issue(self, table_rows: torch.Tensor) -> None:
-        self.host = torch.empty(table_rows.shape, dtype=table_rows.dtype, pin_memory=True)
-        self.host.copy_(table_rows, non_blocking=True)
+        self._host = torch.empty(table_rows.shape, dtype=table_rows.dtype, pin_memory=True)
+        self._host.copy_(table_rows, non_blocking=True)
         self._event = torch.cuda.Event()
         self._event.record()
         self._issued.set()
 
-    def wait(self) -> torch.Tensor:
-        self._issued.wait()
-        self._event.synchronize()
-        return self.host
+    def wait(self) -> tuple[list, list]:
+        """Per slot: the six statistics, and the digests; converted once for the whole batch."""
+        if self._values is None:
+            self._issued.wait()
+            self._event.synchronize()
+            self._values = (self._host[:, :6].tolist(), self._host.view(torch.int64)[:, 6].tolist())
+        return self._values
 
 
 class Summarizer:
@@ -67,6 +70,7 @@ class Summarizer:
 
     def __init__(self):
         self._tables: dict[torch.device, torch.Tensor] = {}
+        self._counters: dict[torch.device, torch.Tensor] = {}
         self._batch: _Batch | None = None
         self._start = self._used = 0
         self._device: torch.device | None = None
@@ -86,7 +90,7 @@ class Summarizer:
         if _fused(tensor):
             from tdiff.store.device_summary import fused_summary_into
 
-            fused_summary_into(tensor, table[slot])
+            fused_summary_into(tensor, table[slot], self._counters[tensor.device][slot])
         else:
             table[slot].copy_(_packed_summary(tensor))
         summary = _DeviceSummary(self._batch, slot - self._start)
@@ -107,6 +111,8 @@ class Summarizer:
     def _table(self, device: torch.device) -> torch.Tensor:
         if device not in self._tables:
             self._tables[device] = torch.empty(4 * _BATCH, 7, dtype=torch.float64, device=device)
+            # one completion counter per slot: kernels on different streams never share one
+            self._counters[device] = torch.zeros(4 * _BATCH, 1, dtype=torch.int32, device=device)
         return self._tables[device]
 
 

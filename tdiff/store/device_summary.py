@@ -28,7 +28,7 @@ def _summary_kernel(values, words, partial_f, partial_i, finished, out_f, out_i,
     """Each program summarises one block into the partials; the last program to finish folds
     them, in block order, into out_f[0:6] and the digest into out_i[6]."""
     pid = tl.program_id(0)
-    index = pid * BLOCK + tl.arange(0, BLOCK)
+    index = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # int64: logits exceed 2**31 elements
     inside = index < numel
     x = tl.load(values + index, mask=inside, other=0).to(tl.float32)
     is_nan = x != x
@@ -78,6 +78,7 @@ def _summary_kernel(values, words, partial_f, partial_i, finished, out_f, out_i,
         tl.store(out_f + 4, n_nan.to(tl.float64))
         tl.store(out_f + 5, n_inf.to(tl.float64))
         tl.store(out_i + 6, tl.sum(digest, axis=0) + nwords)
+        tl.store(finished, 0)  # ready for the next tensor
 
 
 def fused_summary_supported(tensor: torch.Tensor) -> bool:
@@ -86,16 +87,15 @@ def fused_summary_supported(tensor: torch.Tensor) -> bool:
             and tensor.storage_offset() * tensor.element_size() % 8 == 0)
 
 
-def fused_summary_into(tensor: torch.Tensor, out: torch.Tensor) -> None:
+def fused_summary_into(tensor: torch.Tensor, out: torch.Tensor, finished: torch.Tensor) -> None:
     """Write ``[min, max, mean, abs_mean, nan, inf, digest bits]`` into ``out`` (7 float64 on the
     tensor's device; the last is the int64 wsum64 digest, reinterpreted): one kernel launch, no
-    host synchronisation."""
+    host synchronisation. ``finished`` is a zeroed int32 counter the kernel leaves zeroed again."""
     values = tensor.reshape(-1)
     words = values.view(torch.int64)
     blocks = triton.cdiv(values.numel(), _BLOCK)
     partial_f = torch.empty(blocks * 4, dtype=torch.float32, device=tensor.device)
     partial_i = torch.empty(blocks * 3, dtype=torch.int64, device=tensor.device)
-    finished = torch.zeros(1, dtype=torch.int32, device=tensor.device)
     _summary_kernel[(blocks,)](values, words, partial_f, partial_i, finished, out, out.view(torch.int64),
                                values.numel(), words.numel(), WEIGHT_MULTIPLIER, WEIGHT_OFFSET,
                                BLOCK=_BLOCK, WORDS=_BLOCK * values.element_size() // 8, FOLD=_FOLD)
@@ -103,5 +103,5 @@ def fused_summary_into(tensor: torch.Tensor, out: torch.Tensor) -> None:
 
 def fused_summary(tensor: torch.Tensor) -> torch.Tensor:
     out = torch.empty(7, dtype=torch.float64, device=tensor.device)
-    fused_summary_into(tensor, out)
+    fused_summary_into(tensor, out, torch.zeros(1, dtype=torch.int32, device=tensor.device))
     return out

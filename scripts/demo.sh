@@ -21,5 +21,12 @@ status=0
 tdiff compare "$out/a" "$out/b" --top 10 || status=$?
 [ "$status" -eq 1 ] || { echo "demo: expected compare to find the divergence (exit 1), got $status" >&2; exit 1; }
 
+step "report for a pull request (Markdown) and as one HTML page with plots"
+for format in md html; do
+  status=0
+  tdiff report "$out/a" "$out/b" --format "$format" -o "$out/report.$format" || status=$?
+  [ "$status" -eq 1 ] || { echo "demo: expected report to find the divergence (exit 1), got $status" >&2; exit 1; }
+done
+
 echo
-echo "demo: done; dumps are in $out/"
+echo "demo: done; dumps are in $out/, reports in $out/report.md and $out/report.html"

@@ -3,6 +3,22 @@
 # a stamp of the requirement files skips the install when nothing changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# Headless Chromium (Debian's package) renders the HTML report in the tests. Root (as in CI)
+# installs it; anyone else is told how.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: apt-get install chromium" >&2
+    apt_log=$(mktemp)
+    { DEBIAN_FRONTEND=noninteractive apt-get update -qq \
+        && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; } \
+      >"$apt_log" 2>&1 || { cat "$apt_log" >&2; echo "setup: apt-get install chromium failed" >&2; exit 1; }
+    rm -f "$apt_log"
+  else
+    echo "setup: warning: chromium is missing; the HTML report tests need it (apt-get install chromium)" >&2
+  fi
+fi
+
 venv="${TDIFF_VENV:-.venv}"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 # shellcheck disable=SC1091

@@ -11,9 +11,10 @@ from pathlib import Path
 import click
 
 from tdiff.bootstrap import child_environment
-from tdiff.cli.options import parse_size
+from tdiff.cli.options import parse_size, quiet_option
 from tdiff.errors import TdiffError
 from tdiff.hooks.selection import compile_patterns, parse_ranges
+from tdiff.report.progress import progress_bar
 from tdiff.store.manifest import DUMP_FILE, create_dump, update_dump_info
 from tdiff.store.reader import open_dump
 from tdiff.store.storage import STORAGES
@@ -34,8 +35,9 @@ from tdiff.store.storage import STORAGES
 @click.option("--max-pending", default="2GiB", show_default=True, metavar="SIZE",
               help="Host memory pending writes may hold; capture waits at the cap.")
 @click.option("--force", is_flag=True, help="Replace an existing dump in --out.")
+@quiet_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def capture(out, side, select, exclude, layers, steps, mode, storage, max_pending, force, command):
+def capture(out, side, select, exclude, layers, steps, mode, storage, max_pending, force, quiet, command):
     """Run COMMAND and dump module inputs and outputs of every Python process it starts.
 
     \b
@@ -62,7 +64,7 @@ def capture(out, side, select, exclude, layers, steps, mode, storage, max_pendin
     except PermissionError:
         raise TdiffError(f"command is not executable: {command[0]}") from None
     update_dump_info(out, exit_code=completed.returncode, seconds=round(time.time() - started, 3))
-    _summarize(out, completed.returncode)
+    _summarize(out, completed.returncode, quiet)
     if completed.returncode != 0:
         # like a shell: a command killed by signal N exits 128 + N
         sys.exit(completed.returncode if completed.returncode > 0 else 128 - completed.returncode)
@@ -83,11 +85,12 @@ def _prepare_out(out: Path, force: bool) -> None:
     shutil.rmtree(out)
 
 
-def _summarize(out: Path, returncode: int) -> None:
+def _summarize(out: Path, returncode: int, quiet: bool) -> None:
     from tdiff.errors import DumpError
 
     try:
-        dump = open_dump(out, allow_incomplete=True)
+        with progress_bar("reading the dump's manifests", quiet=quiet):
+            dump = open_dump(out, allow_incomplete=True)
     except DumpError as exc:
         if returncode != 0:
             click.echo(f"tdiff: the command {_ending(returncode)} and nothing was captured", err=True)
@@ -95,8 +98,9 @@ def _summarize(out: Path, returncode: int) -> None:
         raise TdiffError(f"{exc}. Is the command running a torch model in Python?") from None
     processes = len(dump.parts)
     stored = sum(1 for r in dump.records if r.has_data and r.alias_of is None)
-    click.echo(f"tdiff: captured {len(dump.records)} tensors ({stored} stored, the rest by reference "
-               f"or as statistics) from {processes} process(es) into {out}", err=True)
+    if not quiet:
+        click.echo(f"tdiff: captured {len(dump.records)} tensors ({stored} stored, the rest by reference "
+                   f"or as statistics) from {processes} process(es) into {out}", err=True)
     for problem in dump.problems:
         click.echo(f"tdiff: warning: the dump is incomplete: {problem}", err=True)
 

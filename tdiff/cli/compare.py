@@ -9,9 +9,10 @@ import click
 
 from tdiff.align import choose_pairing
 from tdiff.align.render import render_alignment
-from tdiff.cli.options import tolerance_from, tolerance_options
+from tdiff.cli.options import quiet_option, tolerance_from, tolerance_options
 from tdiff.compare.engine import CompareOptions, compare_dumps
 from tdiff.report.console import make_console, render_compare
+from tdiff.report.progress import progress_bar
 from tdiff.store.reader import open_dump
 
 
@@ -27,7 +28,8 @@ from tdiff.store.reader import open_dump
 @click.option("--allow-incomplete", is_flag=True, help="Compare what an incomplete dump holds.")
 @click.option("--mapping", type=click.Path(dir_okay=False), metavar="FILE",
               help="YAML mapping of module paths to canonical boundaries, for models no adapter knows.")
-def compare(dump_a, dump_b, layer, select, exact, atol, rtol, as_json, top, allow_incomplete, mapping):
+@quiet_option
+def compare(dump_a, dump_b, layer, select, exact, atol, rtol, as_json, top, allow_incomplete, mapping, quiet):
     """Compare dumps A and B tensor by tensor.
 
     Dumps of one framework with one parallel layout pair tensors by name, step, call index, role
@@ -44,8 +46,9 @@ def compare(dump_a, dump_b, layer, select, exact, atol, rtol, as_json, top, allo
     a = open_dump(dump_a, allow_incomplete=allow_incomplete)
     b = open_dump(dump_b, allow_incomplete=allow_incomplete)
     pairing = choose_pairing(a, b, mapping)
-    report = compare_dumps(a, b, CompareOptions(tolerance=tolerance, layer=layer, select=list(select)),
-                           pairing=pairing)
+    with progress_bar("comparing", quiet=quiet) as advance:
+        report = compare_dumps(a, b, CompareOptions(tolerance=tolerance, layer=layer, select=list(select)),
+                               pairing=pairing, progress=advance)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=1))
     else:

@@ -37,3 +37,8 @@ def parse_size(text: str, what: str) -> int:
         raise TdiffError(f"{what} {text!r} is not a size like 512M or 2GiB")
     scale = 1024 ** "_kmgt".index(match.group(2).lower() or "_")
     return int(float(match.group(1)) * scale)
+
+
+def quiet_option(command):
+    return click.option("--quiet", "-q", is_flag=True,
+                        help="No progress bars or informational messages (for CI); warnings still print.")(command)

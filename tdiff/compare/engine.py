@@ -6,6 +6,10 @@ once measured. A tensor stored once for several records (aliases) is measured on
 
 from __future__ import annotations
 
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -14,6 +18,7 @@ from tdiff.compare.pairing import NamePairing, Pair, Pairing, Side
 from tdiff.errors import TdiffError
 from tdiff.hooks.selection import compile_patterns, layer_of
 from tdiff.store import Dump, Record
+from tdiff.store.dtypes import torch_dtype
 from tdiff.store.fingerprint import fingerprint_algorithm, fingerprint_as
 
 DIVERGED_STATUSES = ("mismatch", "only_a", "only_b", "shape_mismatch", "dtype_mismatch")
@@ -120,12 +125,47 @@ def compare_dumps(a: Dump, b: Dump, options: CompareOptions | None = None, *,
     if not pairs:
         raise TdiffError(_nothing_to_compare(options))
     comparator = PairComparator(a, b, options.tolerance)
+    budget = _MemoryBudget(max(_pair_bytes(p) for p in pairs))
     comparisons = []
-    for done, pair in enumerate(pairs, 1):
-        comparisons.append(comparator.compare(pair))
-        if progress is not None:
-            progress(done, len(pairs))
+
+    def compare(pair: Pair) -> Comparison:
+        with budget.hold(_pair_bytes(pair)):
+            return comparator.compare(pair)
+
+    # numpy and the shard readers release the GIL: one thread per core compares pairs side by side
+    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+        for done, comparison in enumerate(pool.map(compare, pairs), 1):
+            comparisons.append(comparison)
+            if progress is not None:
+                progress(done, len(pairs))
     return CompareReport(a, b, options, comparisons, getattr(pairing, "alignment", None))
+
+
+def _pair_bytes(pair: Pair) -> int:
+    return sum(r.numel * torch_dtype(r.dtype).itemsize for side in (pair.a, pair.b) if side
+               for r in side.records)
+
+
+class _MemoryBudget:
+    """Pairs run side by side only while their tensors fit in the largest pair's size, so peak
+    memory stays that of comparing the largest pair alone."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.held = 0
+        self._changed = threading.Condition()
+
+    @contextmanager
+    def hold(self, nbytes: int):
+        with self._changed:
+            self._changed.wait_for(lambda: self.held == 0 or self.held + nbytes <= self.limit)
+            self.held += nbytes
+        try:
+            yield
+        finally:
+            with self._changed:
+                self.held -= nbytes
+                self._changed.notify_all()
 
 
 def _wanted(pair: Pair, options: CompareOptions) -> bool:
@@ -168,7 +208,10 @@ class PairComparator:
         if cache_key in self._measured:
             return self._result(pair, *self._measured[cache_key])
         ta, tb = self._load(pair.a, 0), self._load(pair.b, 1)
-        if ta.shape != tb.shape:
+        if cache_key is not None and _same_verified_fingerprint(ra, rb):
+            # loading checked both tensors against their fingerprints: equal ones are equal bits
+            verdict = ("match", TensorMetrics(numel=ta.numel(), bitwise_equal=True), None)
+        elif ta.shape != tb.shape:
             verdict = ("shape_mismatch", None, f"shape {list(ta.shape)} vs {list(tb.shape)}")
         else:
             metrics = compare_tensors(ta, tb, self.tolerance)
@@ -217,6 +260,10 @@ class PairComparator:
                           b=pair.b.record if pair.b else None, metrics=metrics, reason=reason,
                           kind=pair.kind, plan_a=pair.a.plan if pair.a else [],
                           plan_b=pair.b.plan if pair.b else [])
+
+
+def _same_verified_fingerprint(a: Record, b: Record) -> bool:
+    return fingerprint_algorithm(a.fingerprint) == "xxh3" and a.fingerprint == b.fingerprint
 
 
 def _dtype(t) -> str:

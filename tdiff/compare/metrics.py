@@ -21,13 +21,15 @@ Examples:
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 
 from tdiff.store.dtypes import FLOAT_BITS, to_bytes_view
 
-CHUNK_ELEMENTS = 1 << 22
+CHUNK_ELEMENTS = 1 << 18  # small enough for the temporaries to stay in cache-sized buffers
 _SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
@@ -92,7 +94,7 @@ def bits_of(t: torch.Tensor) -> torch.Tensor:
 
 
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(to_bytes_view(a), to_bytes_view(b))
+    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(bits_of(a).numpy(), bits_of(b).numpy())
 
 
 def ordered_bits(values: torch.Tensor) -> torch.Tensor:
@@ -127,82 +129,175 @@ def compare_tensors(a: torch.Tensor, b: torch.Tensor, tolerance: Tolerance = EXA
     return acc.result(tuple(a.shape))
 
 
-def _as_float64(t: torch.Tensor) -> torch.Tensor | None:
+class _Workspace(threading.local):
+    """Per-thread scratch arrays of one chunk. Fresh arrays would be page-faulted in anew for
+    every chunk, which costs more than the arithmetic on them."""
+
+    def array(self, name: str, dtype, n: int) -> np.ndarray:
+        key = (name, np.dtype(dtype))
+        buffers = self.__dict__.setdefault("buffers", {})
+        if key not in buffers:
+            buffers[key] = np.empty(CHUNK_ELEMENTS, dtype=dtype)
+        return buffers[key][:n]
+
+    def float32_of(self, name: str, t: torch.Tensor) -> np.ndarray:
+        out = self.array(name, np.float32, t.numel())
+        torch.from_numpy(out).copy_(t)
+        return out
+
+
+_workspace = _Workspace()
+
+
+def _bits(t: torch.Tensor) -> np.ndarray:
+    return bits_of(t).numpy()
+
+
+def _values(t: torch.Tensor, wide: bool, name: str) -> np.ndarray | None:
+    """Numeric values as numpy: float32 for floats of 32 bits or fewer (exact), else float64."""
+    if t.dtype in (torch.float32, torch.float64) and not wide:
+        return t.numpy()
+    if t.is_floating_point() and t.element_size() < 4 and not wide:
+        return _workspace.float32_of(name, t)
     try:
-        return t.to(torch.float64)
+        return t.to(torch.float64).numpy()
     except (RuntimeError, TypeError):
         return None  # bit-container dtypes (bits8, uint4 ...) have no numeric value
 
 
+def _max_ulp(bits_a: np.ndarray, bits_b: np.ndarray) -> int:
+    """Largest ULP distance between float bit patterns of one width (no NaN among them)."""
+    if bits_a.size == 0:
+        return 0
+    scratch = _workspace.array("ulp", bits_a.dtype, bits_a.size)
+    np.bitwise_xor(bits_a, bits_b, out=scratch)
+    if not (scratch < 0).any():  # same signs everywhere: the magnitudes' difference fits
+        np.subtract(bits_a, bits_b, out=scratch)
+        return int(np.abs(scratch, out=scratch).max())
+    opposite = scratch < 0
+    np.subtract(bits_a, bits_b, out=scratch)
+    np.abs(scratch, out=scratch)
+    scratch[opposite] = 0  # those wrapped; they are measured below
+    magnitude = (1 << (bits_a.dtype.itemsize * 8 - 1)) - 1
+    wide = np.int64 if bits_a.dtype.itemsize < 8 else np.float64  # fp64 across zero overflows int64
+    ma = (bits_a[opposite] & magnitude).astype(wide)
+    mb = (bits_b[opposite] & magnitude).astype(wide)
+    # across zero: both magnitudes, plus one for the step from -0 to +0
+    return max(int(scratch.max()), int((ma + mb + 1).max()))
+
+
 class _Accumulator:
-    """Folds chunk after chunk into one :class:`TensorMetrics`."""
+    """Folds chunk after chunk into one :class:`TensorMetrics`, with numpy (vectorised, and it
+    releases the GIL, so two threads compare two pairs at once)."""
 
     def __init__(self, dtype_a: torch.dtype, dtype_b: torch.dtype, tolerance: Tolerance):
         self.same_dtype = dtype_a == dtype_b
-        self.ulp_defined = self.same_dtype and (dtype_a in FLOAT_BITS or not dtype_a.is_floating_point)
+        self.float_ulp = self.same_dtype and dtype_a in FLOAT_BITS
+        self.int_ulp = self.same_dtype and not dtype_a.is_floating_point
+        self.ulp_defined = self.float_ulp or self.int_ulp
+        self.wide = not self.same_dtype or not dtype_a.is_floating_point  # compare by value in float64
         self.tolerance = tolerance
         self.numel = self.mismatched = self.outside = self.nan_mismatch = self.valid = 0
         self.max_abs = self.sum_abs = self.max_rel = 0.0
         self.max_ulp = 0
-        self.dot = self.norm_a = self.norm_b = 0.0
+        self.norm_a = self.norm_b = self.diff_sq = 0.0   # for the cosine
         self.worst: tuple[float, int, float, float] | None = None  # (abs diff, index, a, b)
 
     def add(self, a: torch.Tensor, b: torch.Tensor, offset: int) -> None:
         self.numel += a.numel()
-        differs = bits_of(a).ne(bits_of(b)) if self.same_dtype else torch.ones(a.shape, dtype=torch.bool)
-        n_differs = int(differs.sum())
-        af, bf = _as_float64(a), _as_float64(b)
-        if af is None or bf is None:
+        if self.same_dtype:
+            bits_a, bits_b = _bits(a), _bits(b)
+            differs = np.not_equal(bits_a, bits_b, out=_workspace.array("differs", bool, a.numel()))
+            n_differs = int(np.count_nonzero(differs))
+        else:
+            bits_a = bits_b = None
+            differs = np.ones(a.numel(), dtype=bool)
+            n_differs = a.numel()
+        av, bv = _values(a, self.wide, "a"), _values(b, self.wide, "b")
+        if av is None or bv is None:
             self._add_bits_only(differs, n_differs, offset)
             return
-        self.dot += float((af * bf).nansum())
-        self.norm_a += float((af * af).nansum())
-        self.norm_b += float((bf * bf).nansum())
         if n_differs == 0:
+            square = float(np.dot(av, av))
+            self.norm_a += square
+            self.norm_b += square
             self.valid += a.numel()
             return
         self.mismatched += n_differs
-        nan_a, nan_b = torch.isnan(af), torch.isnan(bf)
-        one_nan = nan_a ^ nan_b
-        self.nan_mismatch += int(one_nan.sum()) + int((nan_a & nan_b & differs).sum())
-        valid = ~(nan_a | nan_b)
-        self.valid += int(valid.sum())
-        diff = (af - bf).abs()
-        diff = diff.masked_fill(~valid | (torch.isinf(af) & (af == bf)), 0.0)
-        self.sum_abs += float(diff.sum())
-        chunk_max, chunk_arg = diff.max(dim=0)
-        index = int(chunk_arg) if float(chunk_max) > 0 else int(differs.nonzero()[0, 0])
-        if self.worst is None or float(chunk_max) > self.worst[0]:
-            self.worst = (float(chunk_max), offset + index, float(af[index]), float(bf[index]))
-        self.max_abs = max(self.max_abs, float(chunk_max))
-        scale = torch.maximum(af.abs(), bf.abs())
-        rel = torch.where(diff > 0, diff / scale, torch.zeros_like(diff))
-        self.max_rel = max(self.max_rel, float(rel.max()))
+        n = a.numel()
+        diff = _workspace.array("diff", av.dtype, n)
+        with np.errstate(invalid="ignore"):  # inf - inf
+            np.subtract(av, bv, out=diff)
+        np.abs(diff, out=diff)
+        total = float(diff.sum(dtype=np.float64))
+        valid = one_nan = None
+        if not math.isfinite(total):  # NaN or inf somewhere: mask them (the rare, slower path)
+            nan_a, nan_b = np.isnan(av), np.isnan(bv)
+            valid = ~(nan_a | nan_b)
+            one_nan = nan_a ^ nan_b
+            self.nan_mismatch += int(np.count_nonzero(one_nan))
+            self.nan_mismatch += int(np.count_nonzero(nan_a & nan_b & differs))
+            diff[~valid | (np.isinf(av) & (av == bv))] = 0.0
+            av, bv = np.where(valid, av, 0), np.where(valid, bv, 0)
+            total = float(diff.sum(dtype=np.float64))
+        self.valid += n if valid is None else int(np.count_nonzero(valid))
+        self.sum_abs += total
+        with np.errstate(invalid="ignore", over="ignore"):
+            self.norm_a += float(np.dot(av, av))
+            self.norm_b += float(np.dot(bv, bv))
+            self.diff_sq += float(np.dot(diff, diff))
+        index = int(diff.argmax())
+        largest = float(diff[index])
+        if largest == 0.0:  # only signed zeros or NaN payloads differ here
+            index = int(np.flatnonzero(differs)[0])
+        if self.worst is None or largest > self.worst[0]:
+            self.worst = (largest, offset + index, float(av[index]), float(bv[index]))
+        self.max_abs = max(self.max_abs, largest)
+        scale = _workspace.array("scale", av.dtype, n)
+        magnitude_b = _workspace.array("magnitude", av.dtype, n)
+        np.abs(bv, out=magnitude_b)
+        np.maximum(np.abs(av, out=scale), magnitude_b, out=scale)
+        np.maximum(scale, np.finfo(scale.dtype).tiny, out=scale)
+        with np.errstate(invalid="ignore"):
+            np.divide(diff, scale, out=scale)
+        self.max_rel = max(self.max_rel, float(np.nanmax(scale) if valid is not None else scale.max()))
         if self.tolerance.exact:
             self.outside += n_differs
         else:
-            bound = (self.tolerance.atol or 0.0) + (self.tolerance.rtol or 0.0) * bf.abs()
-            self.outside += int(((diff > bound) | one_nan).sum())
-        if self.ulp_defined:
-            counted = differs & valid
-            if bool(counted.any()):
-                self.max_ulp = max(self.max_ulp, int(ulp_distance(a[counted], b[counted]).max()))
+            bound = np.multiply(magnitude_b, self.tolerance.rtol or 0.0, out=magnitude_b)
+            bound += self.tolerance.atol or 0.0
+            beyond = diff > bound
+            if valid is not None:
+                beyond = (beyond & valid) | one_nan
+            self.outside += int(np.count_nonzero(beyond))
+        if self.float_ulp:
+            if valid is None:
+                self.max_ulp = max(self.max_ulp, _max_ulp(bits_a, bits_b))
+            else:
+                counted = differs & valid
+                self.max_ulp = max(self.max_ulp, _max_ulp(bits_a[counted], bits_b[counted]))
+        elif self.int_ulp:
+            self.max_ulp = max(self.max_ulp, int(largest))
 
-    def _add_bits_only(self, differs: torch.Tensor, n_differs: int, offset: int) -> None:
+    def _add_bits_only(self, differs: np.ndarray, n_differs: int, offset: int) -> None:
         self.mismatched += n_differs
         self.outside += n_differs
-        self.valid += differs.numel()
+        self.valid += differs.size
         self.ulp_defined = False
         if n_differs and self.worst is None:
-            self.worst = (0.0, offset + int(differs.nonzero()[0, 0]), math.nan, math.nan)
+            self.worst = (0.0, offset + int(np.flatnonzero(differs)[0]), math.nan, math.nan)
+
+    def cosine(self) -> float:
+        if self.norm_a == 0 and self.norm_b == 0:
+            return 1.0 if self.mismatched == 0 else 0.0
+        if self.norm_a == 0 or self.norm_b == 0:
+            return 0.0
+        # a.b = (|a|^2 + |b|^2 - |a-b|^2) / 2: exact to first order in the norms' rounding, so
+        # float32 partial sums still give the cosine of nearly equal tensors to ~1e-12
+        cosine = (self.norm_a + self.norm_b - self.diff_sq) / (2 * math.sqrt(self.norm_a * self.norm_b))
+        return max(-1.0, min(1.0, cosine))
 
     def result(self, shape: tuple[int, ...]) -> TensorMetrics:
-        if self.norm_a == 0 and self.norm_b == 0:
-            cosine = 1.0 if self.mismatched == 0 else 0.0
-        elif self.norm_a == 0 or self.norm_b == 0:
-            cosine = 0.0
-        else:
-            cosine = self.dot / math.sqrt(self.norm_a * self.norm_b)
         worst_index = worst_a = worst_b = None
         if self.worst is not None:
             worst_index = _unravel(self.worst[1], shape)
@@ -211,7 +306,7 @@ class _Accumulator:
             numel=self.numel, bitwise_equal=False, mismatched=self.mismatched,
             outside_tolerance=self.outside, nan_mismatch=self.nan_mismatch, max_abs=self.max_abs,
             mean_abs=self.sum_abs / self.valid if self.valid else 0.0, max_rel=self.max_rel,
-            max_ulp=self.max_ulp if self.ulp_defined else None, cosine=cosine,
+            max_ulp=self.max_ulp if self.ulp_defined else None, cosine=self.cosine(),
             worst_index=worst_index, worst_a=worst_a, worst_b=worst_b)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from importlib import metadata
 import sys
 import threading
 import weakref
@@ -26,14 +27,14 @@ from pathlib import Path
 import torch
 
 import tdiff
-from tdiff.store.dtypes import dtype_name, to_bytes_view
-from tdiff.store.fingerprint import tensor_stats, wsum64_fingerprint_tensor, xxh3_fingerprint
+from tdiff.store.dtypes import dtype_name
 from tdiff.store.manifest import create_dump, new_part_id
 from tdiff.store.record import Record
 from tdiff.store.storage import STORAGES
 from tdiff.store.writer import DEFAULT_MAX_PENDING, DEFAULT_SHARD_BYTES, DumpWriter, Pending
 from tdiff.errors import TdiffError
 from tdiff.hooks.annotations import annotate, annotating_framework
+from tdiff.hooks.device import Summarizer, host_copy
 from tdiff.hooks.naming import ModulePaths, flatten_call_inputs, flatten_tensors, tensor_name
 from tdiff.hooks.selection import Selection, parse_ranges
 
@@ -81,6 +82,7 @@ class Capture:
         self._local = threading.local()
         self._aliases: dict[int, tuple] = {}
         self._rank: int | None = None
+        self._summaries = Summarizer()
         self._forward_restore = None
 
     # ---- lifecycle ----
@@ -106,6 +108,7 @@ class Capture:
             self._forward_restore()
             self._forward_restore = None
         if self.writer is not None:
+            self._summaries.flush()
             self.writer.close()
             self.writer = None
 
@@ -117,7 +120,7 @@ class Capture:
 
     def _new_writer(self) -> DumpWriter:
         header = {"side": self.side, "mode": self.mode, "argv": sys.argv[:16],
-                  "torch": torch.__version__, "tdiff": tdiff.__version__}
+                  "torch": torch.__version__, "tdiff": tdiff.__version__, "versions": _versions()}
         try:
             return DumpWriter(self.root, new_part_id(), header, storage=self.storage,
                               max_pending_bytes=self.max_pending_bytes,
@@ -130,6 +133,7 @@ class Capture:
         self.writer = self._new_writer()
         self._local = threading.local()
         self._aliases.clear()
+        self._summaries = Summarizer()
 
     # ---- steps ----
     def advance_step(self, *, manual: bool) -> None:
@@ -138,6 +142,7 @@ class Capture:
         self._top_level_done.clear()
         self._calls.clear()
         self._aliases.clear()
+        self._summaries.flush()
         self.writer.flush()
 
     # ---- module calls ----
@@ -210,9 +215,11 @@ class Capture:
         if alias_of is not None:
             self.writer.submit(Pending(record=record))
         elif self.mode == "full":
-            self.writer.submit(_host_copy(record, tensor))
+            host, ready = host_copy(tensor)
+            self.writer.submit(Pending(record=record, data=host.view(tensor.dtype).reshape(tensor.shape),
+                                       ready=ready, nbytes=host.numel()))
         else:
-            self.writer.submit(_device_summary(record, tensor))
+            self.writer.submit(Pending(record=record, summary=self._summaries.summarize(tensor)))
 
     def _alias_of(self, tensor: torch.Tensor, seq: int) -> int | None:
         """The seq of an earlier record of this very tensor object, unchanged since (same version)."""
@@ -256,43 +263,6 @@ class Capture:
         self._forward_restore = restore
 
 
-def _host_copy(record: Record, tensor: torch.Tensor) -> Pending:
-    """Copy now (the model may change the tensor in place later); the writer persists it.
-
-    The copy goes through the raw bytes, so dtypes without copy kernels (bits, int1...) work too.
-    """
-    raw = to_bytes_view(tensor)  # a fresh contiguous copy already when the tensor was strided
-    ready = None
-    if tensor.device.type == "cuda":
-        host = torch.empty(raw.shape, dtype=torch.uint8, pin_memory=True)
-        host.copy_(raw, non_blocking=True)
-        ready = torch.cuda.Event()
-        ready.record()
-    elif tensor.device.type != "cpu":
-        host = raw.cpu()
-    else:
-        host = raw.clone() if tensor.is_contiguous() else raw
-    data = host.view(tensor.dtype).reshape(tensor.shape)
-    return Pending(record=record, data=data, ready=ready, nbytes=host.numel())
-
-
-def _device_summary(record: Record, tensor: torch.Tensor) -> Pending:
-    """Statistics and fingerprint computed where the tensor lives; a GPU tensor stays there."""
-    stats = tensor_stats(tensor)
-    if tensor.device.type == "cpu":
-        return Pending(record=record, stats=stats, fingerprint=xxh3_fingerprint(tensor))
-    packed = torch.cat([stats, wsum64_fingerprint_tensor(tensor).view(1).view(torch.float64)])
-    ready = None
-    if tensor.device.type == "cuda":
-        host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
-        host.copy_(packed, non_blocking=True)
-        ready = torch.cuda.Event()
-        ready.record()
-    else:
-        host = packed.cpu()
-    return Pending(record=record, stats=host[:-1], digest=host[-1:].view(torch.int64)[0], ready=ready)
-
-
 def _ranges(value, what: str):
     if value is None or isinstance(value, frozenset):
         return value
@@ -324,6 +294,17 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _versions() -> dict[str, str]:
+    """Installed versions of the frameworks whose numerics a report must name."""
+    versions = {"torch": torch.__version__, "tdiff": tdiff.__version__}
+    for package in ("transformers", "megatron-core", "sglang", "triton"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            pass
+    return versions
 
 
 def active_capture() -> Capture | None:

@@ -27,8 +27,8 @@ import xxhash
 from tdiff.store.dtypes import dtype_name, to_bytes_view
 
 STAT_NAMES = ("min", "max", "mean", "abs_mean", "nan", "inf")
-_WEIGHT_MULTIPLIER = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
-_WEIGHT_OFFSET = 0x632BE59BD9B4E019
+WEIGHT_MULTIPLIER = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
+WEIGHT_OFFSET = 0x632BE59BD9B4E019
 
 
 def _shape_tag(dtype: str, shape) -> bytes:
@@ -52,7 +52,7 @@ def wsum64_fingerprint_tensor(tensor: torch.Tensor) -> torch.Tensor:
         raw = torch.cat([raw, raw.new_zeros(padding)])
     words = raw.view(torch.int64)
     weights = torch.arange(words.numel(), device=words.device, dtype=torch.int64)
-    weights.mul_(_WEIGHT_MULTIPLIER).add_(_WEIGHT_OFFSET).bitwise_or_(1)
+    weights.mul_(WEIGHT_MULTIPLIER).add_(WEIGHT_OFFSET).bitwise_or_(1)
     return (words * weights).sum() + words.numel()
 
 
@@ -103,11 +103,13 @@ def tensor_stats(tensor: torch.Tensor) -> torch.Tensor:
             t = t.to(torch.float32 if t.dtype.itemsize < 4 else torch.float64)
         except (RuntimeError, TypeError):  # bit containers (bits8, int1, uint4 ...) have no values
             return torch.tensor([math.nan] * 4 + [0, 0], dtype=torch.float64)
-    acc = torch.float64
-    total = t.sum(dtype=acc)
-    abs_total = torch.linalg.vector_norm(t, ord=1, dtype=acc)
+    # float32 accumulation (cascade-summed by torch) is ten times faster than float64 on CPU
+    # and plenty for diagnostics; float64 tensors keep float64
+    acc = torch.float64 if t.dtype == torch.float64 else torch.float32
+    total = t.sum(dtype=acc).double()
+    abs_total = t.abs().sum(dtype=acc).double()
     lo, hi = torch.aminmax(t)
-    stats = torch.stack([lo.to(acc), hi.to(acc), total / t.numel(), abs_total / t.numel(),
+    stats = torch.stack([lo.double(), hi.double(), total / t.numel(), abs_total / t.numel(),
                          total.new_zeros(()), total.new_zeros(())])
     if t.device.type == "cpu" and math.isfinite(float(total)):
         return stats  # the fast path: no NaN or inf present

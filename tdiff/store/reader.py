@@ -9,7 +9,6 @@ Examples:
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
 from pathlib import Path
 
 import torch
@@ -22,8 +21,6 @@ from tdiff.store.sglang_dumper import find_dumper_dir, open_dumper_dump
 from tdiff.store.storage import storage_for_file
 from tdiff.errors import DumpError
 
-_OPEN_SHARDS = 32
-
 
 class Dump:
     """A dump directory opened for reading. Tensors are loaded lazily, one at a time."""
@@ -35,7 +32,6 @@ class Dump:
         self.parts = parts
         self.records = records
         self.problems = problems
-        self._shards: OrderedDict[str, object] = OrderedDict()
 
     @property
     def complete(self) -> bool:
@@ -58,18 +54,12 @@ class Dump:
         return tensor
 
     def _shard(self, file: str):
-        shard = self._shards.get(file)
-        if shard is None:
-            path = self.path / DATA_DIR / file
-            if not path.is_file():
-                raise DumpError(f"{path}: tensor file is missing")
-            shard = storage_for_file(path).open(path)
-            self._shards[file] = shard
-            if len(self._shards) > _OPEN_SHARDS:
-                self._shards.popitem(last=False)
-        else:
-            self._shards.move_to_end(file)
-        return shard
+        """Open the shard for one read. Not cached: a kept memory map would hold every page read
+        so far resident, and peak memory must stay a small multiple of one tensor."""
+        path = self.path / DATA_DIR / file
+        if not path.is_file():
+            raise DumpError(f"{path}: tensor file is missing")
+        return storage_for_file(path).open(path)
 
 
 def open_dump(path: str | Path, *, allow_incomplete: bool = False) -> Dump:

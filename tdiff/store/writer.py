@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from tdiff.store.fingerprint import stats_dict, tensor_stats, wsum64_format, xxh3_fingerprint
+from tdiff.store.fingerprint import stats_dict, tensor_stats, xxh3_fingerprint
 from tdiff.store.manifest import DATA_DIR, ManifestJournal
 from tdiff.store.record import Record
 from tdiff.store.storage import storage_for
@@ -36,10 +36,8 @@ class Pending:
 
     record: Record
     data: torch.Tensor | None = None        # host copy (full mode)
-    ready: object | None = None             # CUDA event that completes ``data`` or the device stats
-    stats: torch.Tensor | None = None       # stats computed where the tensor lives (stats mode)
-    digest: torch.Tensor | None = None      # wsum64 digest computed on the device (stats mode)
-    fingerprint: str | None = None          # fingerprint computed at hook time (stats mode, host)
+    ready: object | None = None             # CUDA event that completes ``data``
+    summary: object | None = None           # stats mode: ``resolve(record) -> (stats, fingerprint)``
     nbytes: int = 0                         # host bytes this item holds until its shard is written
 
 
@@ -128,22 +126,23 @@ class DumpWriter:
 
     def _store(self, item: Pending) -> None:
         record = item.record
+        data = item.data
         if item.ready is not None:
             item.ready.synchronize()
+            data = data.clone()  # hand the pinned buffer back to torch's cache for the next copies
         if record.alias_of is not None:
             original = self._stored[record.alias_of]
             record = dataclasses.replace(record, stats=original.stats, fingerprint=original.fingerprint,
                                          file=original.file, key=original.key)
-        elif item.data is not None:
+        elif data is not None:
             key = f"t{record.seq}"
-            record = dataclasses.replace(
-                record, stats=stats_dict(tensor_stats(item.data)),
-                fingerprint=xxh3_fingerprint(item.data), file=self._shard_name(), key=key)
-            self._shard[key] = item.data
+            record = dataclasses.replace(record, stats=stats_dict(tensor_stats(data)),
+                                         fingerprint=xxh3_fingerprint(data), file=self._shard_name(), key=key)
+            self._shard[key] = data
             self._shard_bytes += item.nbytes
         else:
-            fingerprint = item.fingerprint or wsum64_format(int(item.digest), record.dtype, record.shape)
-            record = dataclasses.replace(record, stats=stats_dict(item.stats), fingerprint=fingerprint)
+            stats, fingerprint = item.summary.resolve(record)
+            record = dataclasses.replace(record, stats=stats, fingerprint=fingerprint)
         self._stored[record.seq] = record
         self._records.append(record)
         if self._shard_bytes >= self.shard_limit or len(self._records) >= _RECORDS_PER_FLUSH:

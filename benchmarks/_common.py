@@ -1,0 +1,54 @@
+"""Shared pieces of the benchmarks: the Qwen2-shaped model of issue 7, timing, sizes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # tests.stacks (SGLang's import shims) and the working tree's tdiff
+
+
+def qwen2_model(layers: int = 8, dtype=torch.float32):
+    """vocab 4096, hidden 1024, intermediate 2816, 16 heads / 4 KV heads: the model of issue 7."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=4096, hidden_size=1024, intermediate_size=2816, num_hidden_layers=layers,
+                         num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=4096,
+                         tie_word_embeddings=False)
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(config).to(dtype).eval()
+
+
+def input_ids(tokens: int, vocab: int = 4096, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, vocab, (1, tokens), generator=torch.Generator().manual_seed(seed))
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def median(values) -> float:
+    return statistics.median(values)
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
+def fresh_dir(path: Path) -> Path:
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+
+
+def machine() -> str:
+    return f"{os.cpu_count()} CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads"

@@ -1,0 +1,165 @@
+"""GPU capture overhead on a Qwen2-0.5B-shaped model (bf16, random weights), measured with CUDA
+events side by side in one run (issue 8, part 3).
+
+    python benchmarks/gpu/capture_overhead.py [--rounds 5] [--shapes 1x128,1x512,8x512]
+
+Variants, interleaved round by round:
+  plain            the forward alone
+  hooks only       tdiff's module hook with nothing selected: the floor of any capture
+  tdiff stats      fingerprints and statistics computed on the GPU (no copy of the tensor)
+  tdiff full       pinned copies on a side stream, written to disk by a background thread
+  sync save        a forward hook doing .cpu() + torch.save for every input and output tensor
+
+"forward" is the forward pass as the GPU and the calling thread see it, until the device is
+synchronised; "to disk" adds the wait for tdiff's writer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+TARGETS = {"tdiff stats": 1.1, "tdiff full": 2.0}
+
+
+def qwen2_0_5b(dtype=torch.bfloat16):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096,
+                         tie_word_embeddings=True, rms_norm_eps=1e-6)
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(config).to(dtype).cuda().eval()
+
+
+def cuda_timed(fn) -> float:
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    wall = time.perf_counter()
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    return max(start.elapsed_time(end) / 1e3, time.perf_counter() - wall)
+
+
+def fresh(path: Path) -> Path:
+    shutil.rmtree(path, ignore_errors=True)
+    return path
+
+
+def plain(model, ids, work):
+    return {"forward": cuda_timed(lambda: model(ids))}
+
+
+def tdiff_mode(mode, select=()):
+    def run(model, ids, work):
+        import tdiff
+
+        capture = tdiff.capture(fresh(work / f"tdiff-{mode}"), mode=mode, select=select).start()
+        forward = cuda_timed(lambda: model(ids))
+        drained = time.perf_counter()
+        capture.stop()
+        return {"forward": forward, "to disk": forward + time.perf_counter() - drained}
+
+    return run
+
+
+def sync_save(model, ids, work):
+    out = fresh(work / "sync")
+    out.mkdir(parents=True)
+    counter = iter(range(1 << 30))
+
+    def save(value):
+        if isinstance(value, torch.Tensor):
+            torch.save(value.detach().cpu(), out / f"{next(counter)}.pt")
+        elif isinstance(value, (tuple, list)):
+            for item in value:
+                save(item)
+
+    def hook(module, args, kwargs, output):
+        save(args), save(list(kwargs.values())), save(output)
+
+    handles = [m.register_forward_hook(hook, with_kwargs=True) for m in model.modules()]
+    try:
+        forward = cuda_timed(lambda: model(ids))
+    finally:
+        for h in handles:
+            h.remove()
+    return {"forward": forward, "to disk": forward}
+
+
+VARIANTS = {"plain": plain, "hooks only": tdiff_mode("stats", select=["(?!)"]),
+            "tdiff stats": tdiff_mode("stats"), "tdiff full": tdiff_mode("full"), "sync save": sync_save}
+
+
+def measure(model, batch: int, tokens: int, rounds: int, work: Path) -> dict:
+    ids = torch.randint(0, model.config.vocab_size, (batch, tokens), device="cuda",
+                        generator=torch.Generator("cuda").manual_seed(1))
+    with torch.no_grad():
+        for run in VARIANTS.values():  # warm-up: kernels, allocators, Triton compilation
+            run(model, ids, work)
+        results = {name: [] for name in VARIANTS}
+        for _ in range(rounds):
+            for name, run in VARIANTS.items():
+                results[name].append(run(model, ids, work))
+    return {name: {key: statistics.median(r[key] for r in rows) for key in rows[0]}
+            for name, rows in results.items()}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--shapes", default="1x128,1x512,8x512", help="batch x tokens, comma-separated")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/tdiff-gpu-bench"))
+    parser.add_argument("--profile", action="store_true", help="also print where capture spends its time")
+    args = parser.parse_args(argv)
+    model = qwen2_0_5b()
+    params = sum(p.numel() for p in model.parameters()) / 1e6
+    print(f"GPU capture overhead: Qwen2-0.5B shape ({params:.0f}M parameters, bf16, random weights) on "
+          f"{torch.cuda.get_device_name()}, torch {torch.__version__}; medians of {args.rounds} rounds")
+    for shape in args.shapes.split(","):
+        batch, tokens = (int(x) for x in shape.split("x"))
+        summary = measure(model, batch, tokens, args.rounds, args.work)
+        base = summary["plain"]["forward"]
+        print(f"\nbatch {batch} x {tokens} tokens")
+        print(f"  {'variant':<12} {'forward ms':>11} {'x plain':>8} {'to disk ms':>11} {'x plain':>8}  target")
+        for name, row in summary.items():
+            to_disk = row.get("to disk", row["forward"])
+            target = TARGETS.get(name)
+            verdict = "" if target is None else (f"<= {target}x forward: "
+                                                 f"{'met' if row['forward'] / base <= target else 'MISSED'}")
+            print(f"  {name:<12} {row['forward'] * 1e3:11.2f} {row['forward'] / base:8.2f} "
+                  f"{to_disk * 1e3:11.2f} {to_disk / base:8.2f}  {verdict}")
+    if args.profile:
+        profile(model, args.work)
+    shutil.rmtree(args.work, ignore_errors=True)
+
+
+def profile(model, work: Path) -> None:
+    import cProfile
+    import pstats
+
+    ids = torch.randint(0, model.config.vocab_size, (1, 128), device="cuda")
+    for mode in ("stats", "full"):
+        run = tdiff_mode(mode)
+        with torch.no_grad():
+            run(model, ids, work)
+            profiler = cProfile.Profile()
+            profiler.enable()
+            run(model, ids, work)
+            profiler.disable()
+        print(f"\nprofile of one {mode}-mode forward, batch 1 x 128 tokens (calling thread):")
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(14)
+
+
+if __name__ == "__main__":
+    main()

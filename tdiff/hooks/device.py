@@ -1,0 +1,160 @@
+"""What a hook does with a tensor where it lives: copy it out (full mode) or summarise it in
+place (stats mode), without stalling the GPU.
+
+- Full mode: a GPU tensor is copied into pinned host memory on a side stream, overlapping the
+  forward pass; the writer waits for the copy's event.
+- Stats mode: a GPU tensor is summarised by one fused kernel (statistics and wsum64 digest, see
+  tdiff.store.device_summary) into a slot of a device-side table; slots go to the host in batches,
+  one copy and one event per batch instead of per tensor.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from tdiff.store.dtypes import to_bytes_view
+from tdiff.store.fingerprint import stats_dict, tensor_stats, wsum64_fingerprint_tensor, wsum64_format, \
+    xxh3_fingerprint
+
+_BATCH = 512  # summaries copied to the host together
+
+
+class Summary:
+    """Statistics and fingerprint of one tensor; ``resolve`` may wait for the device."""
+
+    def __init__(self, stats: torch.Tensor, fingerprint: str):
+        self._stats, self._fingerprint = stats, fingerprint
+
+    def resolve(self, record) -> tuple[dict, str]:
+        return stats_dict(self._stats), self._fingerprint
+
+
+class _DeviceSummary(Summary):
+    def __init__(self, batch: _Batch, index: int):
+        self._batch, self._index = batch, index
+
+    def resolve(self, record) -> tuple[dict, str]:
+        stats, digests = self._batch.wait()
+        return stats_dict(stats[self._index]), wsum64_format(digests[self._index], record.dtype, record.shape)
+
+
+class _Batch:
+    """Slots of the device table on their way to pinned host memory."""
+
+    def __init__(self):
+        self._host: torch.Tensor | None = None
+        self._event = None
+        self._issued = threading.Event()
+        self._values: tuple[list, list] | None = None
+
+    def issue(self, table_rows: torch.Tensor) -> None:
+        self._host = torch.empty(table_rows.shape, dtype=table_rows.dtype, pin_memory=True)
+        self._host.copy_(table_rows, non_blocking=True)
+        self._event = torch.cuda.Event()
+        self._event.record()
+        self._issued.set()
+
+    def wait(self) -> tuple[list, list]:
+        """Per slot: the six statistics, and the digests; converted once for the whole batch."""
+        if self._values is None:
+            self._issued.wait()
+            self._event.synchronize()
+            self._values = (self._host[:, :6].tolist(), self._host.view(torch.int64)[:, 6].tolist())
+        return self._values
+
+
+class Summarizer:
+    """Stats mode: summaries of CPU tensors at once, of GPU tensors through the device table."""
+
+    def __init__(self):
+        self._tables: dict[torch.device, torch.Tensor] = {}
+        self._counters: dict[torch.device, torch.Tensor] = {}
+        self._batch: _Batch | None = None
+        self._start = self._used = 0
+        self._device: torch.device | None = None
+
+    def summarize(self, tensor: torch.Tensor) -> Summary:
+        if tensor.device.type == "cpu":
+            return Summary(tensor_stats(tensor), xxh3_fingerprint(tensor))
+        if tensor.device.type != "cuda":
+            packed = _packed_summary(tensor).cpu()
+            return _resolved(packed, tensor)
+        if self._device is not None and tensor.device != self._device:
+            self.flush()
+        table = self._table(tensor.device)
+        if self._batch is None:
+            self._batch, self._start, self._device = _Batch(), self._used, tensor.device
+        slot = self._used
+        if _fused(tensor):
+            from tdiff.store.device_summary import fused_summary_into
+
+            fused_summary_into(tensor, table[slot], self._counters[tensor.device][slot])
+        else:
+            table[slot].copy_(_packed_summary(tensor))
+        summary = _DeviceSummary(self._batch, slot - self._start)
+        self._used += 1
+        if self._used - self._start >= _BATCH or self._used == len(table):
+            self.flush()
+        return summary
+
+    def flush(self) -> None:
+        """Send the summaries computed so far to the host (at the end of each step, say)."""
+        if self._batch is None:
+            return
+        self._batch.issue(self._tables[self._device][self._start:self._used])
+        self._batch = None
+        if self._used == len(self._tables[self._device]):
+            self._used = 0  # the copy above is stream-ordered before any reuse of the slots
+
+    def _table(self, device: torch.device) -> torch.Tensor:
+        if device not in self._tables:
+            self._tables[device] = torch.empty(4 * _BATCH, 7, dtype=torch.float64, device=device)
+            # one completion counter per slot: kernels on different streams never share one
+            self._counters[device] = torch.zeros(4 * _BATCH, 1, dtype=torch.int32, device=device)
+        return self._tables[device]
+
+
+def _resolved(packed: torch.Tensor, tensor: torch.Tensor) -> Summary:
+    digest = int(packed[6:].view(torch.int64)[0])
+    return Summary(packed[:6], wsum64_format(digest, str(tensor.dtype).removeprefix("torch."), tensor.shape))
+
+
+def _fused(tensor: torch.Tensor) -> bool:
+    try:
+        from tdiff.store.device_summary import fused_summary_supported
+    except ImportError:  # no Triton: torch ops give the same values, more slowly
+        return False
+    return fused_summary_supported(tensor)
+
+
+def _packed_summary(tensor: torch.Tensor) -> torch.Tensor:
+    """[6 statistics, the wsum64 digest's bits] as float64 on the tensor's device (torch ops)."""
+    return torch.cat([tensor_stats(tensor), wsum64_fingerprint_tensor(tensor).view(1).view(torch.float64)])
+
+
+_copy_streams: dict = {}
+
+
+def host_copy(tensor: torch.Tensor) -> tuple[torch.Tensor, object | None]:
+    """A host copy of the tensor's bytes, and the CUDA event that completes it (None: complete).
+
+    The copy goes through the raw bytes, so dtypes without copy kernels (bits, int1...) work too.
+    """
+    raw = to_bytes_view(tensor)  # a fresh contiguous copy already when the tensor was strided
+    if tensor.device.type == "cuda":
+        host = torch.empty(raw.shape, dtype=torch.uint8, pin_memory=True)
+        stream = _copy_streams.get(tensor.device)
+        if stream is None:
+            stream = _copy_streams[tensor.device] = torch.cuda.Stream(tensor.device)
+        stream.wait_stream(torch.cuda.current_stream(tensor.device))
+        with torch.cuda.stream(stream):
+            host.copy_(raw, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record(stream)
+        raw.record_stream(stream)  # the allocator must not hand raw's memory out before the copy ends
+        return host, ready
+    if tensor.device.type != "cpu":
+        return raw.cpu(), None
+    return (raw.clone() if tensor.is_contiguous() else raw), None

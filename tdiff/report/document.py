@@ -1,0 +1,292 @@
+"""The report as a document: headings, paragraphs and tables of text, shared by the Markdown and
+HTML renderers so both say the same thing. Numbers are formatted here, once (with the terminal
+table's :func:`fmt_number`).
+
+Inline text is a tuple of plain strings, :class:`Code` (names) and :class:`Strong` (verdicts).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Union
+
+import tdiff
+from tdiff.report.console import describe, fmt_number
+from tdiff.report.environment import PACKAGES, SideEnvironment
+from tdiff.report.model import BoundaryRow, Report
+
+TRAIL_SHOWN = 20
+
+
+class Code(str):
+    """A name shown as code."""
+
+
+class Strong(str):
+    """Text shown in bold."""
+
+
+Inline = Union[str, tuple]      # a str (plain, Code or Strong), or a tuple of them
+
+
+@dataclass
+class Heading:
+    text: str
+    key: str                    # anchor id in HTML
+
+
+@dataclass
+class Paragraph:
+    parts: Inline
+
+
+@dataclass
+class Table:
+    key: str
+    title: str | None           # a heading (the summary line of a folded table)
+    columns: list[str]
+    rows: list[list[Inline]]
+    numeric: frozenset[int] = frozenset()   # right-aligned columns
+    priority: list[int] | None = None       # row indices, most important first (default: in order)
+    folded: bool = False                    # in a <details> block
+    note: str | None = None                 # a caption under the table
+
+    def kept(self, limit: int | None) -> list[int]:
+        """The rows shown when at most ``limit`` fit: the most important ones, in table order."""
+        order = self.priority if self.priority is not None else list(range(len(self.rows)))
+        return sorted(order[:limit] if limit is not None else order)
+
+
+@dataclass
+class Plots:
+    """Where the HTML report draws its figures (the Markdown report has none)."""
+
+
+Block = Union[Heading, Paragraph, Table, Plots]
+
+
+@dataclass
+class Document:
+    title: str
+    blocks: list[Block] = field(default_factory=list)
+
+    @property
+    def tables(self) -> list[Table]:
+        return [b for b in self.blocks if isinstance(b, Table)]
+
+
+def build_document(report: Report) -> Document:
+    doc = Document(f"tdiff: {report.side_a} vs {report.side_b}")
+    doc.blocks.append(Paragraph(headline(report)))
+    doc.blocks.append(Paragraph(counts_line(report)))
+    doc.blocks += [Paragraph((Strong("Warning:"), f" {problem}")) for problem in report.problems]
+    doc.blocks.append(Plots())
+    doc.blocks.append(layer_table(report))
+    if report.bisect is not None:
+        doc.blocks += [Heading("Bisect", "bisect"), *bisect_blocks(report.bisect)]
+    if report.patch_results is not None:
+        doc.blocks.append(patch_table(report.patch_results))
+    doc.blocks.append(environment_table(report))
+    doc.blocks += [boundary_table(report), diverged_table(report)]
+    doc.blocks.append(Paragraph((f"Made by tdiff {tdiff.__version__}; every row of every table: ",
+                                 Code("tdiff report A B --format json"), ".")))
+    return doc
+
+
+# ---- summary ----
+def headline(report: Report) -> tuple:
+    culprit = report.culprit
+    if culprit is None:
+        equal = "bitwise equal" if report.tolerance == "bitwise" else f"equal within {report.tolerance}"
+        return (Strong("Match:"), f" all {report.counts['compared']:,} tensors are {equal}.")
+    c = culprit.comparison
+    where = [c.record.role] + ([f"layer {culprit.layer}"] if culprit.layer is not None else [])
+    where += [f"kind {c.kind}"] if c.kind else []
+    where += [f"step {c.record.step} call {c.record.call}"] + ([f"rank {c.record.rank}"] if c.record.rank else [])
+    return (Strong("Diverged:"), " first divergence at ", Code(c.name), f" ({', '.join(where)}, boundary ",
+            Code(culprit.boundary), f"): {describe(c)}.")
+
+
+def counts_line(report: Report) -> str:
+    counts = report.counts
+    diverged = counts["compared"] - counts["match"]
+    text = f"{diverged:,} of {counts['compared']:,} tensors differ ({report.tolerance})"
+    statuses = [f"{counts[s]:,} {s.replace('_', ' ')}" for s in counts if s not in ("compared", "match")
+                and counts[s]]
+    if statuses:
+        text += ": " + ", ".join(statuses)
+    culprit = report.culprit
+    if culprit is not None and culprit.tokens is not None:
+        t = culprit.tokens
+        text += (f". Per token (dim {t.axis} of {t.shape}): {t.tokens_differ:,} of {len(t.mismatched):,} "
+                 f"tokens differ")
+        if t.worst is not None:
+            text += f", the worst is token {t.worst} (max abs {fmt_number(t.max_abs[t.worst])})"
+    elif culprit is not None:
+        text += f". No per-token error: {culprit.tokens_note}"
+    return text + "."
+
+
+# ---- tables ----
+def layer_table(report: Report) -> Table:
+    first_layer = report.culprit.layer if report.culprit else None
+    rows, severity = [], []
+    for row in report.layers:
+        first = row.first_diverged
+        label: Inline = row.label
+        if row.layer is not None and row.layer == first_layer:
+            label = (Strong(row.label), " ◀ first")
+        out = row.output
+        rows.append([label, f"{row.diverged:,}/{row.tensors:,}", Code(first.boundary) if first else "-",
+                     *metric_cells(out)])
+        severity.append((row.layer == first_layer and row.layer is not None, row.diverged > 0,
+                         *out.severity()[1:]))
+    return Table("layers", "Error by layer", ["layer", "tensors differ", "first differing boundary",
+                                              "mismatch", "max abs", "max ULP"], rows,
+                 numeric=frozenset({1, 3, 4, 5}), priority=_by(severity),
+                 note="mismatch, max abs and max ULP of the layer's output (outside the layers: of the "
+                      "last boundary)")
+
+
+def boundary_table(report: Report) -> Table:
+    culprit = report.culprit
+    rows, severity = [], []
+    for row in report.boundaries:
+        is_first = culprit is not None and (row.layer, row.boundary) == (culprit.layer, culprit.boundary)
+        name: Inline = (Code(row.boundary), " ◀ first") if is_first else Code(row.boundary)
+        rows.append(["-" if row.layer is None else str(row.layer), name, row.kind or "-",
+                     differ_cell(row), *metric_cells(row)])
+        severity.append((is_first, *row.severity()))
+    return Table("boundaries", f"All boundaries ({len(rows):,})",
+                 ["layer", "boundary", "kind", "tensors differ", "mismatch", "max abs", "max ULP"], rows,
+                 numeric=frozenset({3, 4, 5, 6}), priority=_by(severity), folded=True)
+
+
+def diverged_table(report: Report) -> Table:
+    diverged = [(i, c) for i, c in enumerate(report.comparisons) if c.diverged]
+    first = report.culprit.comparison if report.culprit else None
+    rows, severity = [], []
+    for index, c in diverged:
+        m = c.metrics
+        status: Inline = (Strong(c.status), " ◀ first") if c is first else c.status
+        rows.append([str(index), Code(c.name), c.record.role, f"{c.record.step}:{c.record.call}", status,
+                     _percent(m.mismatch_fraction) if m else "-", fmt_number(m.max_abs) if m else "-",
+                     fmt_number(m.max_ulp) if m else "-", f"{m.cosine:.6f}" if m else "-"])
+        severity.append((c is first, float(m.max_ulp or 0) if m else 0.0, m.max_abs if m else 0.0))
+    return Table("tensors", f"Diverged tensors ({len(rows):,}), in execution order",
+                 ["#", "tensor", "role", "step:call", "status", "mismatch", "max abs", "max ULP", "cosine"],
+                 rows, numeric=frozenset({0, 5, 6, 7, 8}), priority=_by(severity), folded=True)
+
+
+def environment_table(report: Report) -> Table:
+    env = report.environment
+    host_used = False
+
+    def version(side: SideEnvironment, package: str) -> str:
+        nonlocal host_used
+        if package in side.versions:
+            return side.versions[package]
+        host_used = True
+        installed = env.report_host.get(package)
+        return f"{installed} (report host)" if installed else "not installed (report host)"
+
+    rows = [[package, version(env.a, package), version(env.b, package)] for package in PACKAGES]
+    rows += [["device", _tally(env.a.devices), _tally(env.b.devices)],
+             ["dtypes", _tally(env.a.dtypes), _tally(env.b.dtypes)],
+             ["processes", str(env.a.processes), str(env.b.processes)],
+             ["host", ", ".join(env.a.hosts) or "-", ", ".join(env.b.hosts) or "-"],
+             ["command", _command(env.a), _command(env.b)]]
+    note = ("(report host): the dump does not record that package's version; shown is the one "
+            "installed where this report was made") if host_used else None
+    return Table("environment", "Environment", ["", f"A: {report.side_a}", f"B: {report.side_b}"], rows,
+                 note=note)
+
+
+def bisect_blocks(result: dict) -> list[Block]:
+    """The section for ``tdiff bisect --json``: {status, first_divergence, checked, trail}."""
+    checked = result.get("checked")
+    events = f"{checked:,} events checked" if isinstance(checked, int) else "events checked: unknown"
+    found = result.get("first_divergence")
+    if result.get("status") == "match" or not found:
+        return [Paragraph((Strong("Match:"), f" bisect found no divergence ({events})."))]
+    introduced = found.get("introduced")
+    verb = "Introduced at" if introduced else "First differs at"
+    where = [f"{found.get('event', '?')}"] + [f"{k} {found[k]}" for k in ("kind", "layer", "step")
+                                               if found.get(k) is not None]
+    headline = (Strong(verb), " ", Code(str(found.get("name"))), f" ({', '.join(where)}); {events}.")
+    if introduced is False:
+        headline += (" Its inputs already differed: bisect could not prove the divergence is "
+                     "introduced here.",)
+    metrics = found.get("metrics") or {}
+    rows = [["module (A)", Code(str(found["module"])) if found.get("module") else "-"],
+            ["module (B)", Code(str(found["module_b"])) if found.get("module_b") else "-"],
+            ["event", str(found.get("event", "-"))], ["kind", str(found.get("kind") or "-")],
+            ["mismatch", _percent(metrics.get("mismatch_fraction"))],
+            ["max abs", fmt_number(metrics.get("max_abs"))], ["max ULP", fmt_number(metrics.get("max_ulp"))],
+            ["cosine", fmt_number(metrics.get("cosine"), 9)]]
+    trail = result.get("trail") or []
+    if trail:
+        shown = [Code(_name_of(t)) for t in trail[:TRAIL_SHOWN]]
+        cell = tuple(part for item in shown for part in (item, ", "))[:-1]
+        more = len(trail) - len(shown)
+        rows.append(["trail (enclosing modules that also differ)", cell + ((f", and {more} more",) if more else ())])
+    return [Paragraph(headline), Table("bisect-result", None, ["", "value"], rows)]
+
+
+def patch_table(results: dict) -> Table:
+    """The table for ``tdiff patch try --json``: {control, candidates, best}."""
+    best = results.get("best")
+    best_name = best.get("name") if isinstance(best, dict) else best
+    rows = []
+    control = results.get("control")
+    if isinstance(control, dict):
+        rows.append([(Strong("control"), " (unpatched)"), *_trial_cells(control)])
+    for candidate in results["candidates"]:
+        name = str(candidate["name"])
+        label: Inline = (Code(name), " ★ best") if name == best_name else Code(name)
+        rows.append([label, *_trial_cells(candidate)])
+    note = None if best_name else "no candidate was ranked best"
+    return Table("patches", "Patch trials (ranked: best first)", ["candidate", "status", "first divergence",
+                 "moved by", "tensors differ", "max ULP"], rows, numeric=frozenset({3, 4, 5}), note=note)
+
+
+def _trial_cells(trial: dict) -> list[Inline]:
+    first = trial.get("first_divergence")
+    return [str(trial.get("status", "-")), Code(_name_of(first)) if first else "-",
+            fmt_number(trial.get("moved_by")), fmt_number(trial.get("mismatched")),
+            fmt_number(trial.get("max_ulp"))]
+
+
+# ---- cells ----
+def metric_cells(row: BoundaryRow) -> list[str]:
+    return [_percent(row.mismatch_fraction), fmt_number(row.max_abs), fmt_number(row.max_ulp)]
+
+
+def differ_cell(row: BoundaryRow) -> str:
+    text = f"{row.diverged:,}/{row.tensors:,}"
+    return text + (f" ({row.unmeasured:,} unmeasured)" if row.unmeasured else "")
+
+
+def _percent(fraction) -> str:
+    if fraction is None:
+        return "-"
+    return "0%" if fraction == 0 else f"{100 * fraction:.3g}%"
+
+
+def _tally(counter: Counter) -> str:
+    return ", ".join(f"{key} ×{count:,}" for key, count in counter.most_common()) or "-"
+
+
+def _command(side: SideEnvironment) -> Inline:
+    return Code(" ".join(side.command)) if side.command else "-"
+
+
+def _name_of(item) -> str:
+    if isinstance(item, dict):
+        return str(item.get("name") or item.get("module") or item)
+    return str(item)
+
+
+def _by(severity: list[tuple]) -> list[int]:
+    return sorted(range(len(severity)), key=lambda i: severity[i], reverse=True)

@@ -1,0 +1,123 @@
+"""Error per token of one pair of tensors: where along the sequence two runs part.
+
+The token axis is dim 0 for tensors in the aligned [tokens, ...] layout, 1-D tensors and 2-D
+[tokens, hidden] tensors; dim 1 for [batch, seq, ...] tensors (3-D and more) and for a [1, seq]
+row (one sequence of per-token values). Every other dim is reduced: per token, the largest
+absolute difference and the number of elements whose bits differ.
+
+    >>> errors = token_errors("x", torch.zeros(1, 3, 2), torch.tensor([[[0., 0.], [0., .5], [0., 0.]]]), 1)
+    >>> errors.max_abs, errors.mismatched, errors.worst
+    ([0.0, 0.5, 0.0], [0, 1, 0], 1)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from tdiff.compare.engine import Comparison
+from tdiff.compare.metrics import CHUNK_ELEMENTS, bits_of, json_number
+from tdiff.compare.pairing import Pairing, Side
+from tdiff.store import Dump
+
+
+@dataclass
+class TokenErrors:
+    name: str
+    axis: int
+    shape: list[int]
+    max_abs: list[float]    # per token; NaN against a number counts as a mismatch, not a difference
+    mismatched: list[int]   # per token: elements whose bits differ
+    per_token: int          # elements per token
+
+    @property
+    def tokens_differ(self) -> int:
+        return sum(1 for n in self.mismatched if n)
+
+    @property
+    def worst(self) -> int | None:
+        """The token with the largest difference (the first differing one when all are 0)."""
+        if not self.tokens_differ:
+            return None
+        best = max(range(len(self.max_abs)), key=lambda i: (self.max_abs[i], self.mismatched[i]))
+        return best if self.max_abs[best] > 0 else next(i for i, n in enumerate(self.mismatched) if n)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "axis": self.axis, "shape": self.shape, "per_token": self.per_token,
+                "tokens_differ": self.tokens_differ, "worst": self.worst,
+                "max_abs": [json_number(v) for v in self.max_abs], "mismatched": self.mismatched}
+
+
+def token_axis(shape: tuple[int, ...], *, aligned: bool = False) -> int | None:
+    if not shape:
+        return None
+    if aligned or len(shape) == 1:
+        return 0
+    if len(shape) == 2:
+        return 1 if shape[0] == 1 and shape[1] > 1 else 0
+    return 1
+
+
+def token_errors(name: str, a: torch.Tensor, b: torch.Tensor, axis: int) -> TokenErrors:
+    """Per-token error of two tensors of one shape, ``axis`` being the token dim."""
+    if a.is_complex():
+        a, b = torch.view_as_real(a), torch.view_as_real(b)
+    shape = list(a.shape)
+    a, b = a.movedim(axis, 0), b.movedim(axis, 0)
+    tokens = a.shape[0]
+    per_token = a[0].numel() if tokens else 0
+    rows = max(1, CHUNK_ELEMENTS // max(per_token, 1))
+    max_abs: list[float] = []
+    mismatched: list[int] = []
+    for start in range(0, tokens, rows):
+        ca, cb = a[start:start + rows].reshape(-1, per_token), b[start:start + rows].reshape(-1, per_token)
+        abs_diff, differs = _difference(ca, cb)
+        mismatched += differs.sum(dim=1).tolist()
+        max_abs += abs_diff.amax(dim=1).tolist() if abs_diff is not None else [math.nan] * len(ca)
+    return TokenErrors(name, axis, shape, max_abs, mismatched, per_token)
+
+
+def _difference(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """|a - b| (0 where either is NaN) and where the elements differ, both [rows, per_token]."""
+    try:
+        af, bf = a.to(torch.float64), b.to(torch.float64)
+    except (RuntimeError, TypeError):  # bit-container dtypes have no numeric value
+        return None, bits_of(a).ne(bits_of(b)).view(a.shape)
+    if a.dtype == b.dtype:
+        differs = bits_of(a).ne(bits_of(b)).view(a.shape)
+    else:
+        differs = af.ne(bf) & ~(af.isnan() & bf.isnan())
+    abs_diff = (af - bf).abs()
+    abs_diff = abs_diff.masked_fill(abs_diff.isnan() | ~differs, 0.0)
+    return abs_diff, differs
+
+
+def culprit_token_errors(a: Dump, b: Dump, culprit: Comparison,
+                         pairing: Pairing) -> tuple[TokenErrors | None, str | None]:
+    """The culprit's per-token error, or None and why there is none."""
+    if culprit.a is None or culprit.b is None:
+        return None, f"captured on side {'A' if culprit.b is None else 'B'} only"
+    if culprit.status == "shape_mismatch":
+        return None, f"the shapes differ ({culprit.reason})"
+    pair = next((p for p in pairing.pair(a, b) if p.name == culprit.name and p.a and p.b
+                 and p.record.pair_key == culprit.record.pair_key), None)
+    if pair is None:
+        return None, "the tensor is not found again in the dumps"
+    if not all(side.load is not None or side.record.has_data for side in (pair.a, pair.b)):
+        return None, "captured in stats mode (no tensor data); capture it with --mode full"
+    ta, tb = _load(pair.a, a), _load(pair.b, b)
+    if ta.shape != tb.shape:
+        return None, f"the shapes differ ({list(ta.shape)} vs {list(tb.shape)})"
+    if ta.numel() == 0:
+        return None, "the tensor is empty"
+    aligned = bool(pair.a.plan or pair.b.plan) or culprit.name != culprit.record.name
+    axis = token_axis(tuple(ta.shape), aligned=aligned)
+    if axis is None:
+        return None, "a scalar has no token axis"
+    return token_errors(culprit.name, ta, tb, axis), None
+
+
+def _load(side: Side, dump: Dump) -> torch.Tensor:
+    return side.load() if side.load is not None else dump.load(side.record)

@@ -1,0 +1,173 @@
+"""The Markdown report: the culprit and the tables, the size limit, bisect and patch sections."""
+
+import json
+import re
+
+import torch
+
+import tdiff
+from tdiff.compare.engine import compare_dumps
+from tdiff.report.markdown import COMMENT_LIMIT, GH_MARKER, render_markdown
+from tdiff.report.model import build_report
+from tdiff.store import open_dump
+from tests.helpers import tdiff_cli
+
+PLANTED = "model.layers.1.post_attention_layernorm"
+
+
+def table_rows(markdown: str, header: str) -> list[list[str]]:
+    """The rows of the Markdown table whose header line starts with ``header``, as cells."""
+    lines = markdown.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]])
+    return rows
+
+
+def test_planted_case_names_the_culprit_and_tabulates_layers_and_boundaries(demo_dumps):
+    a, b, _ = demo_dumps
+    result = tdiff_cli("report", a, b, expect=1)
+    text = result.stdout
+    assert text.startswith("## tdiff: a vs b")
+    assert f"**Diverged:** first divergence at `{PLANTED}` (output, layer 1" in text
+    assert "boundary `post_attention_layernorm`" in text and "max ULP 1" in text
+    layers = table_rows(text, "| layer | tensors differ | first differing boundary")
+    assert [row[0] for row in layers] == ["before layers", "0", "**1** ◀ first", "2", "3", "after layers"]
+    assert layers[1][1:3] == ["0/13", "-"]
+    assert layers[2][2] == "`post_attention_layernorm`"
+    boundaries = table_rows(text, "| layer | boundary | kind |")
+    culprit = [row for row in boundaries if row[1].startswith("`post_attention_layernorm` ◀ first")]
+    assert len(culprit) == 1 and culprit[0][0] == "1" and culprit[0][3:] == ["1/1", "39.1%", "0.0156", "1"]
+    assert {row[1] for row in boundaries if row[0] == "0"} >= {"`self_attn.q_proj`", "`mlp.down_proj`",
+                                                               "`input_layernorm`", "`(layer)`"}
+    assert all(row[3] == "0/1" for row in boundaries if row[0] == "0")
+    assert "<details>" in text and len(text) <= COMMENT_LIMIT
+    env = dict((row[0], row[1:]) for row in table_rows(text, "|   | A: a | B: b |"))
+    assert env["torch"] == [torch.__version__] * 2
+    assert env["tdiff"] == [tdiff.__version__] * 2
+    assert env["device"] == ["cpu ×143"] * 2 and env["dtypes"][0].startswith("bfloat16 ×130")
+    assert all(key in env for key in ("transformers", "megatron-core", "sglang"))
+
+
+def test_identical_runs_report_a_match_and_exit_0(demo_dumps):
+    a, _, a2 = demo_dumps
+    text = tdiff_cli("report", a, a2, expect=0).stdout
+    assert "**Match:** all 143 tensors are bitwise equal." in text
+    assert "first divergence" not in text and "◀ first" not in text
+
+
+def test_gh_comment_prints_the_marker_and_refuses_other_formats(demo_dumps):
+    a, b, _ = demo_dumps
+    text = tdiff_cli("report", a, b, "--gh-comment", expect=1).stdout
+    assert text.startswith(GH_MARKER + "\n## tdiff: a vs b") and len(text) <= COMMENT_LIMIT
+    for extra in (["--format", "html"], ["-o", "x.md"]):
+        result = tdiff_cli("report", a, b, "--gh-comment", *extra, expect=2)
+        assert "--gh-comment prints Markdown on standard output" in result.output
+
+
+def test_output_file_and_json_format(demo_dumps, tmp_path):
+    a, b, _ = demo_dumps
+    result = tdiff_cli("report", a, b, "--format", "json", "-o", tmp_path / "r.json", expect=1)
+    assert "tdiff: wrote" in result.stderr and result.stdout == ""
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["status"] == "diverged" and data["culprit"]["tensor"]["name"] == PLANTED
+    assert data["culprit"]["boundary"] == "post_attention_layernorm" and data["culprit"]["layer"] == 1
+    tokens = data["culprit"]["tokens"]
+    assert tokens["axis"] == 1 and tokens["shape"] == [1, 24, 64] and len(tokens["max_abs"]) == 24
+    assert sum(tokens["mismatched"]) == 600  # the 600 differing elements, spread over the tokens
+    assert [row["label"] for row in data["layers"]] == ["before layers", "0", "1", "2", "3", "after layers"]
+    assert len(data["diverged_tensors"]) == data["summary"]["compared"] - data["summary"]["match"] == 71
+    assert set(data["environment"]) == {"a", "b", "report_host"}
+    quiet = tdiff_cli("report", a, b, "--format", "json", "-o", tmp_path / "q.json", "--quiet", expect=1)
+    assert quiet.output == ""
+
+
+def test_bad_input_exits_2_with_one_line(demo_dumps, tmp_path):
+    a, b, _ = demo_dumps
+    (tmp_path / "bad.json").write_text('{"control": {}}')
+    (tmp_path / "broken.json").write_text("{")
+    for args, message in [((a, tmp_path / "nope"), "no such dump directory"),
+                          ((a, b, "--patch-results", tmp_path / "missing.json"), "no such file"),
+                          ((a, b, "--patch-results", tmp_path / "bad.json"), "not the JSON of `tdiff patch try"),
+                          ((a, b, "--patch-results", tmp_path / "broken.json"), "not JSON"),
+                          ((a, b, "--exact", "--atol", "1"), "--exact cannot be combined")]:
+        result = tdiff_cli("report", *args, expect=2)
+        assert message in result.output and "Traceback" not in result.output
+        assert len(result.output.strip().splitlines()) == 1
+
+
+def test_bisect_flag_runs_tdiff_bisect_or_says_it_is_missing(demo_dumps):
+    a, b, _ = demo_dumps
+    try:
+        from tdiff.bisect import bisect_dumps  # noqa: F401  (written in parallel; merged later)
+    except ImportError:
+        bisect_dumps = None
+    if bisect_dumps is None:
+        result = tdiff_cli("report", a, b, "--bisect", expect=2)
+        assert "--bisect needs `tdiff bisect`" in result.output
+    else:
+        result = tdiff_cli("report", a, b, "--bisect", expect=1)
+        assert "### Bisect" in result.stdout and f"`{PLANTED}`" in result.stdout.split("### Bisect")[1]
+
+
+BISECT = {"status": "diverged", "checked": 61, "trail": ["model.layers.1", "model"],
+          "first_divergence": {"name": PLANTED, "module": PLANTED, "module_b": PLANTED, "layer": 1,
+                               "kind": "norm", "step": 0, "event": "output", "introduced": True,
+                               "metrics": {"max_abs": 0.015625, "max_ulp": 1, "mismatch_fraction": 0.390625,
+                                           "cosine": 0.999994285}}}
+
+
+def demo_report(demo_dumps, **extra):
+    a, b, _ = demo_dumps
+    return build_report(compare_dumps(open_dump(a), open_dump(b)), **extra)
+
+
+def test_bisect_section_renders_the_bisect_json(demo_dumps):
+    text = render_markdown(demo_report(demo_dumps, bisect=BISECT))
+    section = text.split("### Bisect")[1]
+    assert f"**Introduced at** `{PLANTED}` (output, kind norm, layer 1, step 0); 61 events checked." in section
+    rows = dict((row[0], row[1]) for row in table_rows(section, "|   | value |"))
+    assert rows["kind"] == "norm" and rows["max ULP"] == "1" and rows["mismatch"] == "39.1%"
+    assert rows["cosine"] == "0.999994285" and rows["module (B)"] == f"`{PLANTED}`"
+    assert rows["trail (enclosing modules that also differ)"] == "`model.layers.1`, `model`"
+
+    between = {**BISECT, "first_divergence": {**BISECT["first_divergence"], "event": "between",
+                                              "introduced": False, "name": "model.layers.1 forward"}}
+    text = render_markdown(demo_report(demo_dumps, bisect=between))
+    assert "**First differs at** `model.layers.1 forward` (between" in text
+    assert "could not prove the divergence is introduced here" in text
+    text = render_markdown(demo_report(demo_dumps, bisect={"status": "match", "first_divergence": None,
+                                                           "checked": 143, "trail": []}))
+    assert "**Match:** bisect found no divergence (143 events checked)." in text
+
+
+def test_patch_results_become_a_ranked_table(demo_dumps, tmp_path):
+    a, b, _ = demo_dumps
+    trials = {"control": {"name": "control", "status": "diverged", "first_divergence": {"name": PLANTED},
+                          "moved_by": 0, "mismatched": 71, "max_ulp": 29979},
+              "candidates": [{"name": "fp32-rmsnorm", "status": "match", "first_divergence": None,
+                              "moved_by": None, "mismatched": 0, "max_ulp": 0},
+                             {"name": "fp32-rope", "status": "diverged", "first_divergence": PLANTED,
+                              "moved_by": 0, "mismatched": 71, "max_ulp": 29979}],
+              "best": "fp32-rmsnorm"}
+    (tmp_path / "trials.json").write_text(json.dumps(trials))
+    text = tdiff_cli("report", a, b, "--patch-results", tmp_path / "trials.json", expect=1).stdout
+    rows = table_rows(text, "| candidate | status |")
+    assert rows == [["**control** (unpatched)", "diverged", f"`{PLANTED}`", "0", "71", "29,979"],
+                    ["`fp32-rmsnorm` ★ best", "match", "-", "-", "0", "0"],
+                    ["`fp32-rope`", "diverged", f"`{PLANTED}`", "0", "71", "29,979"]]
+
+
+def test_names_with_markdown_syntax_keep_the_table_intact(tmp_path):
+    for side, scale in (("a", 1.0), ("b", 2.0)):
+        with tdiff.capture(tmp_path / side):
+            tdiff.dump("odd|name`with*syntax_", torch.ones(3) * scale)
+            tdiff.dump("plain", torch.zeros(2))
+    text = render_markdown(build_report(compare_dumps(open_dump(tmp_path / "a"), open_dump(tmp_path / "b"))))
+    assert "first divergence at ``odd|name`with*syntax_``" in text  # a pipe is escaped in tables only
+    rows = table_rows(text, "| layer | boundary | kind |")
+    assert [row[1] for row in rows] == ["``odd\\|name`with*syntax_`` ◀ first", "`plain`"]
+    assert all(len(row) == 7 for row in rows)

@@ -34,10 +34,14 @@ from tdiff.store.storage import STORAGES
               show_default=True, help="Tensor file format.")
 @click.option("--max-pending", default="2GiB", show_default=True, metavar="SIZE",
               help="Host memory pending writes may hold; capture waits at the cap.")
+@click.option("--batch-row", type=click.IntRange(min=0), metavar="N",
+              help="Record only row N of tensors whose leading dimension is the batch size (one "
+                   "sequence of a batch, to compare with it scored alone).")
 @click.option("--force", is_flag=True, help="Replace an existing dump in --out.")
 @quiet_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def capture(out, side, select, exclude, layers, steps, mode, storage, max_pending, force, quiet, command):
+def capture(out, side, select, exclude, layers, steps, mode, storage, max_pending, batch_row, force, quiet,
+            command):
     """Run COMMAND and dump module inputs and outputs of every Python process it starts.
 
     \b
@@ -52,7 +56,7 @@ def capture(out, side, select, exclude, layers, steps, mode, storage, max_pendin
     config = {"out": str(out.resolve()), "side": side or out.name, "select": list(select),
               "exclude": list(exclude), "layers": _ranges_text(layers, "--layers"),
               "steps": _ranges_text(steps, "--steps"), "mode": mode, "storage": storage,
-              "max_pending_bytes": parse_size(max_pending, "--max-pending")}
+              "max_pending_bytes": parse_size(max_pending, "--max-pending"), "batch_row": batch_row}
     _prepare_out(out, force)
     create_dump(out, {"side": config["side"], "mode": mode, "storage": storage,
                       "command": list(command)})

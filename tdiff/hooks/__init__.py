@@ -18,7 +18,9 @@ def capture(out_dir, *, side=None, select=(), exclude=(), layers=None, steps=Non
         storage: "safetensors" or "h5".
         model: the outermost model; names are taken from it and its ``forward`` is wrapped too.
         options: ``max_pending_bytes`` (host memory held by pending writes, default 2 GiB),
-            ``shard_bytes`` (shard size cap).
+            ``shard_bytes`` (shard size cap), ``batch_row`` (record only this row of every tensor
+            whose leading dimension is the batch size of the outermost call's first input: one
+            sequence of a batch, to compare with the same sequence scored alone).
     """
     return Capture(out_dir, side=side, select=select, exclude=exclude, layers=layers, steps=steps,
                    mode=mode, storage=storage, model=model, **options)

@@ -58,7 +58,7 @@ class Capture:
     def __init__(self, out_dir, *, side: str | None = None, select=(), exclude=(), layers=None,
                  steps=None, mode: str = "full", storage: str = "safetensors", model=None,
                  max_pending_bytes: int = DEFAULT_MAX_PENDING,
-                 shard_bytes: int = DEFAULT_SHARD_BYTES):
+                 shard_bytes: int = DEFAULT_SHARD_BYTES, batch_row: int | None = None):
         if mode not in MODES:
             raise TdiffError(f"--mode {mode!r}: use one of {', '.join(MODES)}")
         if storage not in STORAGES:
@@ -72,6 +72,10 @@ class Capture:
         self.model = model
         self.max_pending_bytes = max_pending_bytes
         self.shard_bytes = shard_bytes
+        if batch_row is not None and batch_row < 0:
+            raise TdiffError(f"--batch-row must not be negative, not {batch_row}")
+        self.batch_row = batch_row
+        self._batch_size: int | None = None      # of the current outermost call's first input
         self.writer: DumpWriter | None = None
         self.step_index = 0
         self._manual_steps = False
@@ -159,6 +163,10 @@ class Capture:
         if parent is None and not self._manual_steps and id(module) in self._top_level_done:
             self.advance_step(manual=False)
         path = self._paths.path_of(module, (parent.module, parent.path) if parent else None)
+        if parent is None and self.batch_row is not None:
+            self._batch_size = _batch_size(args, kwargs)
+            if self._batch_size and self.batch_row >= self._batch_size:
+                raise TdiffError(f"--batch-row {self.batch_row} is outside the batch of {self._batch_size}")
         call = self._calls.get(path, 0)
         self._calls[path] = call + 1
         recording = (self.selection.wants_step(self.step_index) and self.selection.wants(path)
@@ -202,6 +210,8 @@ class Capture:
         seq = next(self._seq)
         alias_of = self._alias_of(tensor, seq)
         tensor = tensor.detach()
+        if self._batch_size and tensor.dim() and tensor.shape[0] == self._batch_size:
+            tensor = tensor[self.batch_row:self.batch_row + 1]
         if tensor.is_quantized:
             tensor = tensor.int_repr()
         tensor = tensor.resolve_conj().resolve_neg()
@@ -261,6 +271,14 @@ class Capture:
                 del model.forward
 
         self._forward_restore = restore
+
+
+def _batch_size(args: tuple, kwargs: dict) -> int | None:
+    """The leading dimension of an outermost call's first tensor input (its batch), when > 1."""
+    first = next(flatten_call_inputs(args, kwargs), None)
+    if first is None or first[1].dim() == 0 or first[1].shape[0] < 2:
+        return None
+    return first[1].shape[0]
 
 
 def _ranges(value, what: str):

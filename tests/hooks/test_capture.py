@@ -201,3 +201,30 @@ def test_h5_storage_captures_and_compares(tmp_path):
     b = capture_qwen2(tmp_path / "b", storage="h5")
     assert all(r.file.endswith(".h5") for r in a.records)
     assert compare_dumps(a, b).status == "match"
+
+
+def test_batch_row_records_one_sequence_of_a_batch_as_if_scored_alone(tmp_path):
+    model = tiny_qwen2()
+    batch = torch.cat([token_ids(12, seed=s) for s in (5, 1, 7)])  # row 1 is the lone sequence
+    alone = capture_qwen2(tmp_path / "alone", model=model, ids=token_ids(12, seed=1))
+    row = capture_qwen2(tmp_path / "row", model=model, ids=batch, batch_row=1)
+    whole = capture_qwen2(tmp_path / "whole", model=model, ids=batch)
+    assert [(r.name, r.shape) for r in row.records] == [(r.name, r.shape) for r in alone.records]
+    for r_row, r_whole in zip(row.records, whole.records):
+        expected = whole.load(r_whole)
+        if r_whole.shape and r_whole.shape[0] == 3:
+            expected = expected[1:2]
+        assert torch.equal(row.load(r_row), expected), r_row.name
+    # on this CPU a row scored in a batch of 3 equals the row scored alone, except where kernels
+    # split work by batch size; either way the comparison is element-wise on equal shapes
+    report = compare_dumps(alone, row)
+    assert all(c.status in ("match", "mismatch") for c in report.comparisons)
+
+
+def test_batch_row_outside_the_batch_is_an_error(tmp_path):
+    import pytest
+
+    from tdiff.errors import TdiffError
+
+    with pytest.raises(TdiffError, match="outside the batch of 3"):
+        capture_qwen2(tmp_path / "d", ids=torch.cat([token_ids(4)] * 3), batch_row=5)

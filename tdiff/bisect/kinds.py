@@ -38,7 +38,7 @@ _RULES = [
     ("moe_dispatch", r"dispatch", r"dispatch"),
     ("mlp", r"sharedexpert", r"^shared_experts?$"),
     ("moe_experts", r"expert|fusedmoe", r"^(local_)?experts$"),
-    ("attention", r"attention|attn", r"attn|attention"),
+    ("attention", r"attention|attn", r"^(self_|cross_|core_)?(attn|attention)$"),
     ("activation", r"activation|silu|gelu|relu|swiglu|andmul|^act", r"^(act|act_fn|activation_func)$"),
     ("mlp", r"mlp|feedforward|moelayer|moeblock|sparsemoe", r"^(mlp|ffn|feed_forward)$"),
     ("linear", r"linear|conv1d", r"proj$|^fc\d?$|^linear"),

@@ -8,11 +8,15 @@ the nesting depth, which is enough to answer the questions bisect asks:
 - which event of a module's children came last before its output (:func:`last_child_event`);
 - where the enclosing calls ended (:func:`enclosing_outputs`).
 
-Example stream (depths in brackets)::
+Example stream (depth, role, module)::
 
-    [2] model.layers.1[0]                         input of the layer
-    [3] model.layers.1.self_attn output           last event at depth 3 before ...
-    [3] model.layers.1.post_attention_layernorm[0]  ... this input: "between" them, in layers.1
+    2 input   model.layers.1                          the layer's own input
+    3 input   model.layers.1.input_layernorm
+    ...
+    4 output  model.layers.1.self_attn.o_proj          inside self_attn: skipped at depth 3
+    3 output  model.layers.1.self_attn                the last event at depth 3 before ...
+    3 input   model.layers.1.post_attention_layernorm  ... this one: the code between them is
+                                                       model.layers.1's own
 """
 
 from __future__ import annotations
@@ -62,11 +66,6 @@ def parent_of(record: Record) -> str | None:
     return "" if record.depth > 0 else None
 
 
-def level_of(record: Record) -> tuple[str | None, int]:
-    """The forward an event belongs to (its parent's path) and the depth of events at that level."""
-    return parent_of(record), record.depth
-
-
 def same_call(a: Record, b: Record) -> bool:
     return (a.module, a.step, a.call, a.depth) == (b.module, b.step, b.call, b.depth) and a.role != "explicit"
 
@@ -77,7 +76,7 @@ def previous_at_level(stream: Stream, index: int) -> int | None:
     start is not recorded (its module was not captured, or has no tensor inputs and no sibling
     event came first)."""
     event = stream.record(index)
-    parent, depth = level_of(event)
+    parent, depth = parent_of(event), event.depth
     for j in range(index - 1, -1, -1):
         other = stream.record(j)
         if other.depth == depth and parent_of(other) == parent:

@@ -56,7 +56,6 @@ class Divergence:
     description: str
     module_call: int | None = None  # call index of ``module`` (for graft), when recorded
     before: str | None = None       # module of the event before a "between" (for capture regions)
-    depth: int = 0                  # nesting depth of ``module``
 
     @property
     def layer(self) -> int | None:

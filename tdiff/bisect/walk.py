@@ -82,20 +82,19 @@ def _locate(stream: Stream, index: int, comparison: Comparison,
     pair = stream.pairs[index]
     event = pair.record
     event_b = pair.b.record if pair.b is not None else None
+    # the calls enclosing the event, innermost first; their outputs make the trail
+    calls = enclosing_outputs(stream, index, parent_of(event), event.depth - 1)
     if event.role == "output":
         divergence = _at_output(stream, index, comparison)
-        calls = enclosing_outputs(stream, index, parent_of(event), event.depth - 1)
     elif event.role == "input" and (event.depth == 0 or previous_at_level(stream, index) is None):
         divergence = Divergence(
             name=pair.name, module=event.module, module_b=event_b.module if event_b else None,
             kind=_pair_kind(pair), event="input", introduced=False, comparison=comparison,
             description=f"`{_path(event.module)}` input differs and the code that made it was not "
                         "recorded (the first recorded event at its level already differs)",
-            module_call=event.call, depth=event.depth)
-        calls = enclosing_outputs(stream, index, parent_of(event), event.depth - 1)
+            module_call=event.call)
     else:
-        # an input, or an explicit dump: the code of the enclosing forward since the last event
-        calls = enclosing_outputs(stream, index, parent_of(event), event.depth - 1)
+        # an input or an explicit dump: the code of the enclosing forward since the last event
         divergence = _between_events(stream, index, comparison, calls[0] if calls else None)
         calls = calls[1:]  # the first enclosing call is the forward the divergence names
     return divergence, _trail(stream, calls, comparator)
@@ -111,7 +110,7 @@ def _at_output(stream: Stream, index: int, comparison: Comparison) -> Divergence
         return Divergence(name=pair.name, module=module, module_b=module_b, kind=_pair_kind(pair),
                           event="output", introduced=True, comparison=comparison,
                           description=f"`{_path(module)}`: its inputs match, its output differs",
-                          module_call=event.call, depth=event.depth)
+                          module_call=event.call)
     kind = between_kind(parent=module, parent_kind=_pair_kind(pair),
                         before=_event_kind(stream, child, module), after=None)
     return Divergence(name=pair.name, module=module, module_b=module_b, kind=kind, event="between",
@@ -119,7 +118,7 @@ def _at_output(stream: Stream, index: int, comparison: Comparison) -> Divergence
                       description=f"in `{_path(module)}` forward, between "
                                   f"{_describe(stream, child, module)} and its output "
                                   "(everything recorded inside it matches)",
-                      module_call=event.call, before=stream.record(child).module, depth=event.depth)
+                      module_call=event.call, before=stream.record(child).module)
 
 
 def _between_events(stream: Stream, index: int, comparison: Comparison,
@@ -129,7 +128,8 @@ def _between_events(stream: Stream, index: int, comparison: Comparison,
     event = pair.record
     parent = parent_of(event)
     before = previous_at_level(stream, index)
-    kind = (explicit_kind(event.name) if event.role == "explicit" else None) or between_kind(
+    named = (pair.kind or explicit_kind(event.name)) if event.role == "explicit" else None
+    kind = named or between_kind(
         parent=parent, parent_kind=_call_kind(stream, index, parent, event.depth - 1),
         before=_event_kind(stream, before, parent) if before is not None else None,
         after=_event_kind(stream, index, parent))
@@ -142,8 +142,7 @@ def _between_events(stream: Stream, index: int, comparison: Comparison,
         event="between", introduced=before is not None, comparison=comparison,
         description=f"{where}, between {since} and {_describe(stream, index, parent)}",
         module_call=stream.record(forward_outputs[0]).call if forward_outputs else None,
-        before=before_record.module if before_record and before_record.role != "explicit" else None,
-        depth=event.depth - 1)
+        before=before_record.module if before_record and before_record.role != "explicit" else None)
 
 
 def _trail(stream: Stream, calls: list[list[int]], comparator: EventComparator) -> list[TrailEntry]:

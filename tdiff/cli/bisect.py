@@ -46,8 +46,9 @@ def bisect(dumps, run_a, run_b, exact, atol, rtol, graft, budget_gb, no_stats_pa
 
     The culprit is the module whose inputs match but whose output differs (the deepest such),
     or the code between two recorded events of a forward when an input already differs. Online,
-    bisect captures each command itself: a stats pass first, or with --no-stats-pass a binary
-    search over the decoder layers (O(log N) runs), then one full capture of the narrowed region.
+    bisect captures each command itself: a stats pass first, or (with --no-stats-pass or a
+    tolerance) a binary search over the decoder layers, O(log N) runs, then one full capture of
+    the narrowed region. docs/BISECT.md has the rules.
 
     Exit status: 0 match, 1 diverged, 2 bad input.
     """

@@ -40,3 +40,14 @@ def test_a_folder_that_is_not_a_repeat_folder_is_refused(tmp_path):
     (tmp_path / "plain").mkdir()
     result = tdiff_cli("bisect", tmp_path / "plain", expect=2)
     assert "not a repeat folder" in result.output and "Traceback" not in result.output
+
+
+def test_repeat_folders_are_replaced_only_with_force(tmp_path):
+    out = tmp_path / "rep"
+    command = ["--", sys.executable, "-c", "import torch, tdiff; tdiff.dump('x', torch.ones(2))"]
+    tdiff_cli("capture", "--out", out, "--repeat", 2, *command, expect=0)
+    assert sorted(p.name for p in out.iterdir()) == ["run-1", "run-2", "tdiff-repeat.json"]
+    assert "already holds a dump" in tdiff_cli("capture", "--out", out, "--repeat", 3, *command, expect=2).output
+    tdiff_cli("capture", "--out", out, "--repeat", 3, "--force", *command, expect=0)
+    assert sorted(p.name for p in out.iterdir()) == ["run-1", "run-2", "run-3", "tdiff-repeat.json"]
+    assert "--repeat" in tdiff_cli("capture", "--out", tmp_path / "x", "--repeat", 0, *command, expect=2).output

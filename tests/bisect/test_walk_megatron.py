@@ -11,10 +11,16 @@ from tests.helpers import token_ids
 
 @pytest.fixture(scope="module")
 def megatron():
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
     from tests.stacks import megatron
 
     megatron.init_megatron()
-    return megatron
+    yield megatron
+    # later tests in this process expect no process group (ranks then come from $RANK)
+    parallel_state.destroy_model_parallel()
+    dist.destroy_process_group()
 
 
 def capture(path, megatron, config, plant=None):

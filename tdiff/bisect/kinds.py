@@ -20,9 +20,10 @@ KINDS = ("embedding", "norm", "rope", "attention", "linear", "activation", "mlp"
          "moe_topk", "moe_dispatch", "moe_experts", "moe_combine", "residual", "logits", "logprobs",
          "other")
 
-# A decoder layer itself (not something inside it): "model.layers.3", "decoder.layers.0",
-# "transformer.h.2". The container names are those tdiff.hooks.selection.layer_of knows.
-DECODER_LAYER = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks)\.\d+$")
+# A decoder layer's path ends in one of these: "model.layers.3", "decoder.layers.0",
+# "transformer.h.2" (the containers tdiff.hooks.selection.layer_of knows).
+LAYER_CONTAINER = r"(?:^|\.)(?:layers|layer|h|blocks)\.\d+"
+DECODER_LAYER = re.compile(LAYER_CONTAINER + "$")
 
 # (kind, class-name pattern, last-path-part pattern); the first rule that matches wins, so the
 # specific ones come first (RotaryEmbedding before Embedding, lm_head before Linear, experts

@@ -15,12 +15,12 @@ import re
 from dataclasses import dataclass
 
 from tdiff.bisect.events import parent_of
-from tdiff.bisect.kinds import DECODER_LAYER
+from tdiff.bisect.kinds import DECODER_LAYER, LAYER_CONTAINER
 from tdiff.bisect.regions import Region, ancestors, parents_by_path
 from tdiff.store import Dump, Record
 
 # --exclude for the discovery run: everything inside a decoder layer (the layers themselves stay).
-INSIDE_LAYER = r"(?:^|\.)(?:layers|layer|h|blocks)\.\d+\."
+INSIDE_LAYER = LAYER_CONTAINER + r"\."
 # --select that matches no module: a probe of an explicit dump records only explicit dumps.
 NO_MODULE = r"(?!)"
 

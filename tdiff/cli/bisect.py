@@ -18,7 +18,8 @@ GIB = 1 << 30
 
 @click.command()
 @click.argument("dumps", nargs=-1, metavar="[A B | REPEATS]")
-@click.option("--run-a", metavar="CMD", help="Online: side A's command line; bisect runs it under capture.")
+@click.option("--run-a", metavar="CMD", help="Online: side A's command line (run by /bin/sh) that bisect "
+                                             "runs under capture.")
 @click.option("--run-b", metavar="CMD", help="Online: side B's command line (with --graft on two dumps: "
                                              "the command that reruns side B).")
 @tolerance_options
@@ -57,7 +58,7 @@ def bisect(dumps, run_a, run_b, exact, atol, rtol, graft, budget_gb, no_stats_pa
 
     tolerance = tolerance_from(exact, atol, rtol)
     online = run_a is not None and not dumps
-    _check_usage(dumps, run_a, run_b, graft, online, budget_gb, no_stats_pass, steps)
+    _check_usage(dumps, run_a, run_b, graft, online, budget_gb, no_stats_pass, steps, work)
     progress = make_console(stderr=True)
     with _work_dir(work, needed=online or graft) as work_dir:
         if online:
@@ -94,7 +95,7 @@ def bisect(dumps, run_a, run_b, exact, atol, rtol, graft, budget_gb, no_stats_pa
     sys.exit(result.exit_code)
 
 
-def _check_usage(dumps, run_a, run_b, graft, online, budget_gb, no_stats_pass, steps) -> None:
+def _check_usage(dumps, run_a, run_b, graft, online, budget_gb, no_stats_pass, steps, work) -> None:
     if online:
         if run_b is None:
             raise TdiffError("--run-a needs --run-b: bisect runs both commands")
@@ -110,6 +111,8 @@ def _check_usage(dumps, run_a, run_b, graft, online, budget_gb, no_stats_pass, s
         raise TdiffError("--graft on two dumps needs --run-b CMD: the command that reruns side B")
     if not graft and not online and run_b is not None:
         raise TdiffError("--run-b without --run-a is only for --graft")
+    if work is not None and not (online or graft):
+        raise TdiffError("--work applies to online bisection and --graft, which run commands")
 
 
 class _work_dir:

@@ -119,6 +119,9 @@ def _with_search(runner: Runner, options: OnlineOptions) -> tuple[BisectResult, 
         "A", "discovery", "side A's structure outside the decoder layers (stats mode; nothing is compared)",
         mode="stats", exclude=[INSIDE_LAYER], steps=options.steps)
     spine = spine_boundaries(discovery)
+    if not spine:
+        raise TdiffError("side A's discovery run recorded nothing to search over (no decoder layer, "
+                         "outermost model output or explicit dump)")
     runner.log.boundaries = len(spine)
     runner.echo(f"  {len(spine)} boundaries: at most {BinarySearch.max_probes(len(spine))} probes per side")
     search = BinarySearch(len(spine))
@@ -133,7 +136,7 @@ def _with_search(runner: Runner, options: OnlineOptions) -> tuple[BisectResult, 
     if search.result == len(spine):
         return BisectResult(first_divergence=None, checked=checked, tolerance=options.tolerance.describe(),
                             notes=[f"every probed boundary matches, including the last of {len(spine)} "
-                                   "(the search assumes a divergence persists to the end of the step)"]), None
+                                   "(the search assumes that a divergence, once introduced, persists to every later boundary)"]), None
     boundary = spine[search.result]
     region = interval_region(discovery, spine, search.result)
     if options.budget_bytes is not None:

@@ -14,11 +14,13 @@ from tdiff.errors import TdiffError
 COMMANDS = {
     "capture": "tdiff.cli.capture:capture",
     "compare": "tdiff.cli.compare:compare",
+    "bisect": "tdiff.cli.bisect:bisect",
     "report": "tdiff.cli.report:report",
 }
 _SUMMARIES = {
     "capture": "Run a command and dump module inputs/outputs of its Python processes.",
     "compare": "Compare two dumps tensor by tensor (bitwise by default).",
+    "bisect": "Name the first op boundary that introduces a divergence.",
     "report": "Write a comparison up for a pull request: Markdown, HTML with plots, or JSON.",
 }
 

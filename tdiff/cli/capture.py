@@ -38,40 +38,61 @@ from tdiff.store.storage import STORAGES
               help="Record only row N of tensors whose leading dimension is the batch size (one "
                    "sequence of a batch, to compare with it scored alone).")
 @click.option("--force", is_flag=True, help="Replace an existing dump in --out.")
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
+              help="Run the command N times into --out/run-1 ... run-N; `tdiff bisect OUT` then "
+                   "names the first op that is not bitwise repeatable.")
 @quiet_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def capture(out, side, select, exclude, layers, steps, mode, storage, max_pending, batch_row, force, quiet,
-            command):
+def capture(out, side, select, exclude, layers, steps, mode, storage, max_pending, batch_row, force, repeat,
+            quiet, command):
     """Run COMMAND and dump module inputs and outputs of every Python process it starts.
 
     \b
     tdiff capture --out dumps/a -- python run.py
     tdiff capture --out dumps/b --layers 0-3 --mode stats -- torchrun --nproc-per-node 2 train.py
+    tdiff capture --out dumps/rep --repeat 5 -- python run.py
 
     Each process (rank) writes its own manifest and shards into --out. Exit status: the
     command's own when it fails, 2 when nothing was captured, else 0.
     """
     compile_patterns(select, "--select")
     compile_patterns(exclude, "--exclude")
-    config = {"out": str(out.resolve()), "side": side or out.name, "select": list(select),
+    config = {"side": side or out.name, "select": list(select),
               "exclude": list(exclude), "layers": _ranges_text(layers, "--layers"),
               "steps": _ranges_text(steps, "--steps"), "mode": mode, "storage": storage,
               "max_pending_bytes": parse_size(max_pending, "--max-pending"), "batch_row": batch_row}
     _prepare_out(out, force)
-    create_dump(out, {"side": config["side"], "mode": mode, "storage": storage,
-                      "command": list(command)})
+    if repeat == 1:
+        runs = [(out, config)]
+    else:
+        from tdiff.bisect.repeats import write_repeat_index
+
+        runs = [(run, {**config, "side": f"{config['side']} {run.name}"})
+                for run in write_repeat_index(out, repeat, list(command))]
+    for run_out, run_config in runs:
+        returncode = run_captured(list(command), run_out, run_config)
+        _summarize(run_out, returncode, quiet)
+        if returncode != 0:
+            # like a shell: a command killed by signal N exits 128 + N
+            sys.exit(returncode if returncode > 0 else 128 - returncode)
+
+
+def run_captured(command: list[str], out: Path, config: dict, *, stdout=None, stderr=None) -> int:
+    """Make ``out`` a dump, run ``command`` with capture armed in every Python process it starts
+    (``config``: the options of :class:`tdiff.hooks.capture.Capture`), record how it ended and
+    return its exit status."""
+    create_dump(out, {"side": config["side"], "mode": config["mode"],
+                      "storage": config.get("storage", "safetensors"), "command": list(command)})
     started = time.time()
     try:
-        completed = subprocess.run(list(command), env=child_environment(capture=config))
+        completed = subprocess.run(command, stdout=stdout, stderr=stderr,
+                                   env=child_environment(capture={**config, "out": str(out.resolve())}))
     except FileNotFoundError:
         raise TdiffError(f"command not found: {command[0]}") from None
     except PermissionError:
         raise TdiffError(f"command is not executable: {command[0]}") from None
     update_dump_info(out, exit_code=completed.returncode, seconds=round(time.time() - started, 3))
-    _summarize(out, completed.returncode, quiet)
-    if completed.returncode != 0:
-        # like a shell: a command killed by signal N exits 128 + N
-        sys.exit(completed.returncode if completed.returncode > 0 else 128 - completed.returncode)
+    return completed.returncode
 
 
 def _ranges_text(text: str | None, what: str) -> str | None:
@@ -82,7 +103,9 @@ def _ranges_text(text: str | None, what: str) -> str | None:
 def _prepare_out(out: Path, force: bool) -> None:
     if not out.exists() or not any(out.iterdir()):
         return
-    if not (out / DUMP_FILE).is_file():
+    from tdiff.bisect.repeats import REPEAT_FILE
+
+    if not ((out / DUMP_FILE).is_file() or (out / REPEAT_FILE).is_file()):
         raise TdiffError(f"{out} exists and is not a dump; choose another --out")
     if not force:
         raise TdiffError(f"{out} already holds a dump; pass --force to replace it")

@@ -58,7 +58,8 @@ class Capture:
     def __init__(self, out_dir, *, side: str | None = None, select=(), exclude=(), layers=None,
                  steps=None, mode: str = "full", storage: str = "safetensors", model=None,
                  max_pending_bytes: int = DEFAULT_MAX_PENDING,
-                 shard_bytes: int = DEFAULT_SHARD_BYTES, batch_row: int | None = None):
+                 shard_bytes: int = DEFAULT_SHARD_BYTES, batch_row: int | None = None,
+                 graft: dict | None = None):
         if mode not in MODES:
             raise TdiffError(f"--mode {mode!r}: use one of {', '.join(MODES)}")
         if storage not in STORAGES:
@@ -88,6 +89,11 @@ class Capture:
         self._rank: int | None = None
         self._summaries = Summarizer()
         self._forward_restore = None
+        self._graft = None
+        if graft is not None:  # bisect --graft: feed one call another run's inputs (tdiff.hooks.graft)
+            from tdiff.hooks.graft import InputGraft
+
+            self._graft = InputGraft(**graft)
 
     # ---- lifecycle ----
     def start(self) -> Capture:
@@ -169,6 +175,8 @@ class Capture:
                 raise TdiffError(f"--batch-row {self.batch_row} is outside the batch of {self._batch_size}")
         call = self._calls.get(path, 0)
         self._calls[path] = call + 1
+        if self._graft is not None:
+            args, kwargs = self._graft.inputs(path, self.step_index, call, self._current_rank(), args, kwargs)
         recording = (self.selection.wants_step(self.step_index) and self.selection.wants(path)
                      and not self.writer.failed)
         # a framework's annotator also describes the plain torch modules inside its models
@@ -179,7 +187,7 @@ class Capture:
                 self._record(tensor, tensor_name(path, sub), sub, "input", call, where)
         stack.append(_Frame(module, path, call, annotator))
         try:
-            output = invoke()
+            output = invoke(*args, **kwargs)
         finally:
             stack.pop()
         if recording:
@@ -260,7 +268,7 @@ class Capture:
             stack = self._stack
             if _active is not self or (stack and stack[-1].module is model):
                 return original(*args, **kwargs)  # already inside model.__call__
-            return self.module_call(model, lambda: original(*args, **kwargs), args, kwargs)
+            return self.module_call(model, original, args, kwargs)
 
         model.forward = forward
 
@@ -296,7 +304,7 @@ def _tdiff_module_call(self, *args, **kwargs):
     capture = _active
     if capture is None:
         return _original_call(self, *args, **kwargs)
-    return capture.module_call(self, lambda: _original_call(self, *args, **kwargs), args, kwargs)
+    return capture.module_call(self, lambda *a, **k: _original_call(self, *a, **k), args, kwargs)
 
 
 def _install_call_hook() -> None:

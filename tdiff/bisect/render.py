@@ -1,0 +1,53 @@
+"""The readable summary of a bisection (rich)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+
+from tdiff.bisect.result import BisectResult
+from tdiff.bisect.search import BinarySearch
+from tdiff.report.console import describe, fmt_number
+
+
+def render_bisect(result: BisectResult, console: Console) -> None:
+    def say(text: str) -> None:
+        console.print(text, soft_wrap=True)  # long module paths stay on one line
+
+    for note in result.notes:
+        say(f"[yellow]note[/yellow]: {escape(note)}")
+    if result.repeats is not None:
+        repeats = result.repeats
+        say(f"repeats: {len(repeats.runs)} runs against {repeats.reference}; "
+            f"not bitwise repeatable: {', '.join(repeats.differing) or 'none'}")
+    d = result.first_divergence
+    if d is None:
+        say(f"[green]match[/green]: all {result.checked:,} events compared are equal "
+            f"({result.tolerance})")
+    else:
+        where = d.module if d.module else ("(model)" if d.module is not None else "outside any module")
+        layer = f", layer {d.layer}" if d.layer is not None else ""
+        record = d.comparison.record
+        verb = "introduced" if d.introduced else "first seen"
+        say(f"[bold red]diverged[/bold red]: {verb} at [bold]{escape(where)}[/bold] "
+            f"({d.kind}{layer}), step {record.step} call {record.call}, event {d.event}")
+        say(f"  {escape(d.description)}")
+        say(f"  first differing tensor {escape(d.name)}: {escape(describe(d.comparison))}")
+        if result.trail:
+            chain = " > ".join(f"{escape(t.module or '(model)')} (max ULP "
+                               f"{fmt_number(t.comparison.metrics.max_ulp) if t.comparison.metrics else '-'})"
+                               for t in result.trail)
+            say(f"  enclosing modules that diverged too: {chain}")
+        say(f"  {result.checked:,} events compared ({result.tolerance})")
+    if result.graft is not None:
+        say(f"graft: {escape(result.graft.description)}")
+    if result.runs is not None:
+        log = result.runs
+        say(log.summary())
+        if log.boundaries is not None:
+            bound = BinarySearch.max_probes(log.boundaries) + 2
+            say(f"  binary search over {log.boundaries} boundaries: at most {bound} runs per side "
+                          f"(ceil(log2({log.boundaries} + 1)) probes, one discovery, one final capture)")
+        for run in log.runs:
+            outcome = f" -> {run.outcome}" if run.outcome else ""
+            say(f"  {run.label} {run.purpose}: {escape(run.why)}{escape(outcome)}")

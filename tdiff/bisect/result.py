@@ -1,0 +1,121 @@
+"""What bisect found, and its JSON form.
+
+    {"status": "diverged",
+     "first_divergence": {"name": "model.layers.1.post_attention_layernorm",
+                          "module": "model.layers.1.post_attention_layernorm", "module_b": "...",
+                          "layer": 1, "kind": "norm", "step": 0, "event": "output",
+                          "introduced": true,
+                          "metrics": {"max_abs": 0.0156, "max_ulp": 1, "mismatch_fraction": 0.39,
+                                      "cosine": 0.99999},
+                          "description": "...", "call": 0, "rank": 0, "reason": null},
+     "checked": 75,
+     "trail": [{"name": "model.layers.1", "module": "model.layers.1", ...}, ...]}
+
+``status`` is "match" or "diverged"; ``first_divergence`` is null on a match. ``event`` is
+"output" (the module's inputs match, its output does not, nothing recorded inside it differs),
+"between" (the code of ``module``'s own forward between two recorded events), or "input" (the
+first differing event is an input whose producer was not recorded: ``introduced`` is false).
+Online runs add ``runs``, ``--graft`` adds ``graft``, repeats add ``repeats``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from tdiff.compare.engine import Comparison
+from tdiff.compare.metrics import json_number
+from tdiff.hooks.selection import layer_of
+
+EVENTS = ("output", "input", "between")
+
+
+class Section(Protocol):
+    def to_json(self) -> dict: ...
+
+
+def metrics_json(comparison: Comparison | None) -> dict:
+    m = comparison.metrics if comparison is not None else None
+    if m is None:
+        return {"max_abs": None, "max_ulp": None, "mismatch_fraction": None, "cosine": None}
+    return {"max_abs": json_number(m.max_abs), "max_ulp": m.max_ulp,
+            "mismatch_fraction": json_number(m.mismatch_fraction), "cosine": json_number(m.cosine)}
+
+
+@dataclass
+class Divergence:
+    """Where the divergence is introduced, and the first tensor that shows it."""
+
+    name: str                   # the first differing tensor
+    module: str | None          # the module (event "output"/"input") or forward ("between"), side A
+    module_b: str | None
+    kind: str
+    event: str
+    introduced: bool
+    comparison: Comparison      # the verdict on the first differing tensor
+    description: str
+    module_call: int | None = None  # call index of ``module`` (for graft), when recorded
+    before: str | None = None       # module of the event before a "between" (for capture regions)
+
+    @property
+    def layer(self) -> int | None:
+        return layer_of(self.module) if self.module else None
+
+    @property
+    def step(self) -> int:
+        return self.comparison.record.step
+
+    def to_json(self) -> dict:
+        record = self.comparison.record
+        return {"name": self.name, "module": self.module, "module_b": self.module_b,
+                "layer": self.layer, "kind": self.kind, "step": record.step, "event": self.event,
+                "introduced": self.introduced, "metrics": metrics_json(self.comparison),
+                "description": self.description, "call": record.call, "rank": record.rank,
+                "reason": self.comparison.reason}
+
+
+@dataclass
+class TrailEntry:
+    """An enclosing module whose output diverged too."""
+
+    module: str
+    module_b: str | None
+    kind: str
+    comparison: Comparison
+
+    def to_json(self) -> dict:
+        return {"name": self.comparison.name, "module": self.module, "module_b": self.module_b,
+                "layer": layer_of(self.module), "kind": self.kind,
+                "metrics": metrics_json(self.comparison)}
+
+
+@dataclass
+class BisectResult:
+    first_divergence: Divergence | None
+    checked: int
+    trail: list[TrailEntry] = field(default_factory=list)
+    tolerance: str = "bitwise"
+    sides: dict = field(default_factory=dict)       # {"a": path, "b": path}
+    notes: list[str] = field(default_factory=list)  # what the reader should know (incomplete dumps)
+    runs: Section | None = None
+    graft: Section | None = None
+    repeats: Section | None = None
+
+    @property
+    def status(self) -> str:
+        return "match" if self.first_divergence is None else "diverged"
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.first_divergence is None else 1
+
+    def to_json(self) -> dict:
+        out = {"status": self.status,
+               "first_divergence": self.first_divergence.to_json() if self.first_divergence else None,
+               "checked": self.checked, "trail": [t.to_json() for t in self.trail],
+               "tolerance": self.tolerance, "sides": self.sides, "notes": self.notes}
+        for key in ("runs", "graft", "repeats"):
+            section = getattr(self, key)
+            if section is not None:
+                out[key] = section.to_json()
+        return out

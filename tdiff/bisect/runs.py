@@ -1,0 +1,92 @@
+"""Running each side's command under capture, one run at a time, and the log of why.
+
+Every run is one execution of a side's command with a capture configured for one purpose (the
+stats pass, a probe of one boundary, the full capture of the narrowed region, a graft). The log
+is what `tdiff bisect` prints: how many runs each side took, and why each one was made.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from tdiff.errors import DumpError, TdiffError
+from tdiff.store import Dump, open_dump
+
+SIDES = ("A", "B")
+
+
+@dataclass
+class Run:
+    side: str
+    number: int          # per side, from 1
+    purpose: str         # "stats pass", "discovery", "probe", "final capture", "graft"
+    why: str
+    path: Path
+    outcome: str = ""    # filled in once the run has been judged
+
+    @property
+    def label(self) -> str:
+        return f"{self.side}{self.number}"
+
+    def to_json(self) -> dict:
+        return {"side": self.side, "number": self.number, "purpose": self.purpose, "why": self.why,
+                "outcome": self.outcome, "path": str(self.path)}
+
+
+@dataclass
+class RunLog:
+    runs: list[Run] = field(default_factory=list)
+    boundaries: int | None = None   # boundaries a binary search ran over (None: no search)
+    strategy: str = ""
+
+    def count(self, side: str) -> int:
+        return sum(1 for run in self.runs if run.side == side)
+
+    def summary(self) -> str:
+        counts = ", ".join(f"{side} {self.count(side)}" for side in SIDES)
+        return f"runs: {counts} ({self.strategy})"
+
+    def to_json(self) -> dict:
+        return {"a": self.count("A"), "b": self.count("B"), "strategy": self.strategy,
+                "boundaries": self.boundaries, "log": [run.to_json() for run in self.runs]}
+
+
+class Runner:
+    """Runs ``commands[side]`` (a shell command line) under capture into ``work``."""
+
+    def __init__(self, commands: dict[str, str], work: Path, echo: Callable[[str], None]):
+        self.commands = commands
+        self.work = Path(work)
+        self.echo = echo
+        self.log = RunLog()
+
+    def capture(self, side: str, purpose: str, why: str, *, mode: str, select=(), exclude=(),
+                steps: str | None = None, graft: dict | None = None) -> tuple[Run, Dump]:
+        from tdiff.cli.capture import run_captured
+
+        number = self.log.count(side) + 1
+        name = f"{side.lower()}{number}-{purpose.replace(' ', '-')}"
+        run = Run(side, number, purpose, why, self.work / name)
+        self.log.runs.append(run)
+        self.echo(f"run {run.label} ({purpose}): {why}")
+        config = {"side": f"{side}{number}", "select": list(select), "exclude": list(exclude),
+                  "steps": steps, "mode": mode, "graft": graft}
+        output = self.work / f"{name}.log"
+        with open(output, "wb") as sink:
+            returncode = run_captured(["/bin/sh", "-c", self.commands[side]], run.path, config,
+                                      stdout=sink, stderr=subprocess.STDOUT)
+        if returncode != 0:
+            raise TdiffError(f"run {run.label} ({purpose}) failed: the command exited with "
+                             f"{returncode}{_last_line(output)}; its output is in {output}")
+        try:
+            return run, open_dump(run.path)
+        except DumpError as exc:
+            raise TdiffError(f"run {run.label} ({purpose}) captured nothing usable: {exc}") from None
+
+
+def _last_line(path: Path) -> str:
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    return f" ({lines[-1].strip()[:200]})" if lines else ""

@@ -1,0 +1,205 @@
+"""The offline bisection: walk two dumps' events in execution order and name where the first
+divergence is introduced.
+
+Every event before the first differing one matched, so the first differing event says where the
+divergence entered:
+
+- a module's **output** differs and nothing recorded inside the call differs: the module itself
+  (event "output") when no child was recorded, else its own code after its last recorded child
+  (event "between", in that module's forward);
+- a module's **input** differs: the code of the enclosing forward between the previous event at
+  that level and this input (event "between"); when the enclosing call's start was not recorded,
+  the producer is unknown (event "input", ``introduced`` false);
+- an **explicit dump** differs: the code between the previous event at its level and the dump.
+
+docs/BISECT.md explains the rules with examples.
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+from pathlib import Path
+
+from tdiff.bisect.events import (Stream, enclosing_outputs, last_child_event, parent_of,
+                                 previous_at_level, split_streams)
+from tdiff.bisect.kinds import between_kind, explicit_kind, module_kind
+from tdiff.bisect.result import BisectResult, Divergence, TrailEntry
+from tdiff.bisect.verdict import EventComparator
+from tdiff.compare.engine import Comparison
+from tdiff.compare.metrics import EXACT, Tolerance
+from tdiff.compare.pairing import NamePairing, Pair, Pairing
+from tdiff.errors import TdiffError
+from tdiff.store import Dump, open_dump
+
+
+def bisect_dumps(dump_a: Dump | str | Path, dump_b: Dump | str | Path, *,
+                 tolerance: Tolerance = EXACT, pairing: Pairing | None = None,
+                 allow_incomplete: bool = False) -> BisectResult:
+    """Name the first op boundary where dump B departs from dump A.
+
+    ``pairing`` decides which tensor of A is compared with which of B (default: by name, for two
+    runs of the same program; cross-framework alignment supplies its own).
+    """
+    a, b = _opened(dump_a, allow_incomplete), _opened(dump_b, allow_incomplete)
+    pairs = (pairing or NamePairing()).pair(a, b)
+    if not any(p.a is not None and p.b is not None for p in pairs):
+        raise TdiffError(f"{a.path} and {b.path} have no tensor in common to compare; "
+                         "are they captures of the same program (or is a name mapping needed)?")
+    comparator = EventComparator(a, b, tolerance)
+    found = []
+    for stream in split_streams(pairs):
+        first = _first_divergent(stream, comparator)
+        if first is not None:
+            found.append((first[1].record.step, stream.key[0], stream, *first))
+    result = BisectResult(first_divergence=None, checked=comparator.compared,
+                          tolerance=tolerance.describe(),
+                          sides={"a": str(a.path), "b": str(b.path)}, notes=_notes(a, b))
+    if found:
+        _, _, stream, index, comparison = min(found, key=lambda f: f[:2])
+        result.first_divergence, result.trail = _locate(stream, index, comparison, comparator)
+    return result
+
+
+def _opened(dump: Dump | str | Path, allow_incomplete: bool) -> Dump:
+    return dump if isinstance(dump, Dump) else open_dump(dump, allow_incomplete=allow_incomplete)
+
+
+def _notes(a: Dump, b: Dump) -> list[str]:
+    return [f"side {label} is incomplete: {problem}"
+            for label, dump in (("A", a), ("B", b)) for problem in dump.problems]
+
+
+def _first_divergent(stream: Stream, comparator: EventComparator) -> tuple[int, Comparison] | None:
+    for index, pair in enumerate(stream.pairs):
+        comparison = comparator.compare(pair)
+        if comparison.diverged:
+            return index, comparison
+    return None
+
+
+def _locate(stream: Stream, index: int, comparison: Comparison,
+            comparator: EventComparator) -> tuple[Divergence, list[TrailEntry]]:
+    pair = stream.pairs[index]
+    event = pair.record
+    event_b = pair.b.record if pair.b is not None else None
+    # the calls enclosing the event, innermost first; their outputs make the trail
+    calls = enclosing_outputs(stream, index, parent_of(event), event.depth - 1)
+    if event.role == "output":
+        divergence = _at_output(stream, index, comparison)
+    elif event.role == "input" and (event.depth == 0 or previous_at_level(stream, index) is None):
+        divergence = Divergence(
+            name=pair.name, module=event.module, module_b=event_b.module if event_b else None,
+            kind=_pair_kind(pair), event="input", introduced=False, comparison=comparison,
+            description=f"`{_path(event.module)}` input differs and the code that made it was not "
+                        "recorded (the first recorded event at its level already differs)",
+            module_call=event.call)
+    else:
+        # an input or an explicit dump: the code of the enclosing forward since the last event
+        divergence = _between_events(stream, index, comparison, calls[0] if calls else None)
+        calls = calls[1:]  # the first enclosing call is the forward the divergence names
+    return divergence, _trail(stream, calls, comparator)
+
+
+def _at_output(stream: Stream, index: int, comparison: Comparison) -> Divergence:
+    """A module's output differs while its inputs and everything recorded inside it matched."""
+    pair = stream.pairs[index]
+    event = pair.record
+    module, module_b = event.module, pair.b.record.module if pair.b is not None else None
+    child = last_child_event(stream, index)
+    if child is None:
+        return Divergence(name=pair.name, module=module, module_b=module_b, kind=_pair_kind(pair),
+                          event="output", introduced=True, comparison=comparison,
+                          description=f"`{_path(module)}`: its inputs match, its output differs",
+                          module_call=event.call)
+    kind = between_kind(parent=module, parent_kind=_pair_kind(pair),
+                        before=_event_kind(stream, child, module), after=None)
+    return Divergence(name=pair.name, module=module, module_b=module_b, kind=kind, event="between",
+                      introduced=True, comparison=comparison,
+                      description=f"in `{_path(module)}` forward, between "
+                                  f"{_describe(stream, child, module)} and its output "
+                                  "(everything recorded inside it matches)",
+                      module_call=event.call, before=stream.record(child).module)
+
+
+def _between_events(stream: Stream, index: int, comparison: Comparison,
+                    forward_outputs: list[int] | None) -> Divergence:
+    """An input or explicit dump differs: the code since the previous event at its level did it."""
+    pair = stream.pairs[index]
+    event = pair.record
+    parent = parent_of(event)
+    before = previous_at_level(stream, index)
+    named = (pair.kind or explicit_kind(event.name)) if event.role == "explicit" else None
+    kind = named or between_kind(
+        parent=parent, parent_kind=_call_kind(stream, index, parent, event.depth - 1),
+        before=_event_kind(stream, before, parent) if before is not None else None,
+        after=_event_kind(stream, index, parent))
+    where = f"in `{_path(parent)}` forward" if parent is not None else "outside any module"
+    since = _describe(stream, before, parent) if before is not None else "the start of the capture"
+    before_record = stream.record(before) if before is not None else None
+    return Divergence(
+        name=pair.name, module=parent,
+        module_b=parent_of(pair.b.record) if pair.b is not None else None, kind=kind,
+        event="between", introduced=before is not None, comparison=comparison,
+        description=f"{where}, between {since} and {_describe(stream, index, parent)}",
+        module_call=stream.record(forward_outputs[0]).call if forward_outputs else None,
+        before=before_record.module if before_record and before_record.role != "explicit" else None)
+
+
+def _trail(stream: Stream, calls: list[list[int]], comparator: EventComparator) -> list[TrailEntry]:
+    trail = []
+    for outputs in calls:
+        for j in outputs:
+            pair = stream.pairs[j]
+            comparison = comparator.compare(pair)
+            if comparison.diverged:
+                trail.append(TrailEntry(module=pair.record.module,
+                                        module_b=pair.b.record.module if pair.b else None,
+                                        kind=_pair_kind(pair), comparison=comparison))
+                break
+    return trail
+
+
+def _pair_kind(pair: Pair) -> str:
+    """An adapter's canonical kind when it gave one, else the module's class and name."""
+    if pair.kind:
+        return pair.kind
+    record = pair.record
+    if record.role == "explicit":
+        return explicit_kind(record.name) or "other"
+    return module_kind(record.module, record.module_class)
+
+
+def _event_kind(stream: Stream, index: int, forward: str | None) -> str | None:
+    """The kind of the module an event at ``forward``'s level belongs to; None for the forward's
+    own input or output."""
+    record = stream.record(index)
+    if record.role != "explicit" and record.module == forward:
+        return None
+    return _pair_kind(stream.pairs[index])
+
+
+def _call_kind(stream: Stream, index: int, module: str | None, depth: int) -> str | None:
+    """The kind of the enclosing call ``module`` (at ``depth``), from the nearest of its records."""
+    if module is None:
+        return None
+    for j in chain(range(index, -1, -1), range(index + 1, len(stream.pairs))):
+        record = stream.record(j)
+        if record.module == module and record.depth == depth and record.role != "explicit":
+            return _pair_kind(stream.pairs[j])
+    return module_kind(module, None)
+
+
+def _path(module: str | None) -> str:
+    return module or "(model)"
+
+
+def _describe(stream: Stream, index: int, forward: str | None) -> str:
+    """An event, named relative to the forward it is described in."""
+    record = stream.record(index)
+    if record.role == "explicit":
+        return f"the dump `{record.name}`"
+    if record.module == forward:
+        return f"its {record.role}"
+    relative = record.module[len(forward) + 1:] if forward and record.module.startswith(forward + ".") \
+        else _path(record.module)
+    return f"`{relative}` {record.role}"

@@ -1,0 +1,84 @@
+"""tdiff bisect through click's CliRunner and as a subprocess: the JSON contract, exit codes,
+one-line errors."""
+
+import json
+
+import pytest
+import torch
+
+import tdiff
+from tests.helpers import tdiff_cli, tdiff_process, tiny_qwen2, token_ids
+
+CONTRACT = {"name", "module", "module_b", "layer", "kind", "step", "event", "introduced", "metrics"}
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dumps")
+    model = tiny_qwen2(torch.bfloat16)
+    for side in ("a", "b"):
+        if side == "b":
+            norm = model.model.layers[1].post_attention_layernorm
+            norm.register_forward_hook(lambda module, args, out: out * 1.01)
+        with torch.no_grad(), tdiff.capture(root / side):
+            model(token_ids())
+    return root / "a", root / "b"
+
+
+def test_json_keeps_the_contract_and_the_exit_code_says_diverged(dumps):
+    a, b = dumps
+    report = json.loads(tdiff_cli("bisect", a, b, "--json", expect=1).stdout)
+    assert report["status"] == "diverged"
+    first = report["first_divergence"]
+    assert CONTRACT <= set(first)
+    assert set(first["metrics"]) == {"max_abs", "max_ulp", "mismatch_fraction", "cosine"}
+    assert (first["module"], first["module_b"], first["layer"], first["kind"], first["step"],
+            first["event"], first["introduced"]) == (
+        "model.layers.1.post_attention_layernorm", "model.layers.1.post_attention_layernorm", 1, "norm", 0,
+        "output", True)
+    assert isinstance(report["checked"], int) and report["checked"] > 0
+    assert [t["module"] for t in report["trail"]] == ["model.layers.1", "model", ""]
+
+
+def test_match_exits_0_with_status_match(dumps):
+    a, _ = dumps
+    report = json.loads(tdiff_cli("bisect", a, a, "--json", expect=0).stdout)
+    assert report["status"] == "match" and report["first_divergence"] is None and report["trail"] == []
+    assert "match: all" in tdiff_cli("bisect", a, a, expect=0).output
+
+
+def test_the_summary_names_the_culprit(dumps):
+    a, b = dumps
+    output = tdiff_cli("bisect", a, b, expect=1).output
+    assert "diverged: introduced at model.layers.1.post_attention_layernorm (norm, layer 1)" in output
+    assert "enclosing modules that diverged too: model.layers.1" in output
+
+
+@pytest.mark.parametrize("args, message", [
+    ((), "give two dumps"),
+    (("{a}", "{b}", "--run-a", "x"), "not both"),
+    (("--run-a", "x"), "--run-a needs --run-b"),
+    (("{a}", "{b}", "--graft"), "--graft on two dumps needs --run-b"),
+    (("{a}", "{b}", "--no-stats-pass"), "apply to online bisection"),
+    (("{a}", "{b}", "--exact", "--atol", "1"), "--exact cannot be combined"),
+    (("--run-a", "x", "--run-b", "y", "--budget-gb", "0"), "--budget-gb must be a positive"),
+    (("{a}", "{missing}"), "no such dump directory"),
+])
+def test_usage_errors_exit_2_with_one_line(dumps, tmp_path, args, message):
+    a, b = dumps
+    filled = [arg.format(a=a, b=b, missing=tmp_path / "missing") for arg in args]
+    result = tdiff_cli("bisect", *filled, expect=2)
+    assert message in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_a_failing_command_is_reported_in_one_line(tmp_path):
+    result = tdiff_cli("bisect", "--run-a", "exit 3", "--run-b", "exit 3", "--work", tmp_path / "w", expect=2)
+    assert "run A1 (stats pass) failed: the command exited with 3" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_as_a_subprocess(dumps):
+    a, b = dumps
+    result = tdiff_process("bisect", a, b, "--json")
+    assert result.returncode == 1 and json.loads(result.stdout)["status"] == "diverged"

@@ -35,8 +35,10 @@ GIB = 1 << 30
                    "(default: a temporary one, removed at the end).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--allow-incomplete", is_flag=True, help="Bisect what an incomplete dump holds.")
+@click.option("--mapping", type=click.Path(dir_okay=False), metavar="FILE",
+              help="YAML mapping of module paths to canonical boundaries, for models no adapter knows.")
 def bisect(dumps, run_a, run_b, exact, atol, rtol, graft, budget_gb, no_stats_pass, steps, work,
-           as_json, allow_incomplete):
+           as_json, allow_incomplete, mapping):
     """Name the first op boundary where two runs part, and what kind of op it is.
 
     \b
@@ -50,6 +52,9 @@ def bisect(dumps, run_a, run_b, exact, atol, rtol, graft, budget_gb, no_stats_pa
     bisect captures each command itself: a stats pass first, or (with --no-stats-pass or a
     tolerance) a binary search over the decoder layers, O(log N) runs, then one full capture of
     the narrowed region. docs/BISECT.md has the rules.
+
+    Dumps of different frameworks or parallel layouts are paired by canonical op boundary, as
+    `tdiff compare` pairs them (--mapping for models no adapter knows).
 
     Exit status: 0 match, 1 diverged, 2 bad input.
     """
@@ -70,12 +75,15 @@ def bisect(dumps, run_a, run_b, exact, atol, rtol, graft, budget_gb, no_stats_pa
             result, runner, final_a = bisect_repeats(dumps[0], tolerance=tolerance,
                                                      allow_incomplete=allow_incomplete), None, None
         else:
+            from tdiff.align import choose_pairing
             from tdiff.bisect.runs import Runner
             from tdiff.bisect.walk import bisect_dumps
             from tdiff.store import open_dump
 
             final_a = open_dump(dumps[0], allow_incomplete=allow_incomplete)
-            result = bisect_dumps(final_a, dumps[1], tolerance=tolerance, allow_incomplete=allow_incomplete)
+            dump_b = open_dump(dumps[1], allow_incomplete=allow_incomplete)
+            result = bisect_dumps(final_a, dump_b, tolerance=tolerance,
+                                  pairing=choose_pairing(final_a, dump_b, mapping))
             runner = Runner({"B": run_b}, work_dir, lambda line: progress.print(line, highlight=False)) \
                 if graft else None
         if graft and result.first_divergence is not None:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from tdiff.align import choose_pairing
+from tdiff.bisect import bisect_dumps
 from tdiff.cli.options import quiet_option, tolerance_from, tolerance_options
 from tdiff.compare.engine import CompareOptions, compare_dumps
 from tdiff.errors import TdiffError
@@ -24,16 +26,18 @@ from tdiff.store.reader import open_dump
 @click.option("--out", "-o", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
               help="Write the report to FILE (default: standard output).")
 @click.option("--bisect", "with_bisect", is_flag=True,
-              help="Also bisect to the op that introduces the divergence (needs `tdiff bisect`).")
+              help="Also bisect to the op that introduces the divergence.")
 @click.option("--patch-results", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
               help="Add the trials of `tdiff patch try --json` saved in FILE.")
 @click.option("--gh-comment", is_flag=True,
               help="Print the Markdown with a marker line, ready for `gh pr comment -F -`.")
 @tolerance_options
 @click.option("--allow-incomplete", is_flag=True, help="Report on what an incomplete dump holds.")
+@click.option("--mapping", type=click.Path(dir_okay=False), metavar="FILE",
+              help="YAML mapping of module paths to canonical boundaries, for models no adapter knows.")
 @quiet_option
 def report(dump_a, dump_b, fmt, out, with_bisect, patch_results, gh_comment, exact, atol, rtol,
-           allow_incomplete, quiet):
+           allow_incomplete, mapping, quiet):
     """Write a report of dumps A and B: the first divergence, error per layer and boundary,
     the environment, and optionally bisect and patch-trial results.
 
@@ -52,16 +56,16 @@ def report(dump_a, dump_b, fmt, out, with_bisect, patch_results, gh_comment, exa
         raise TdiffError("--gh-comment prints Markdown on standard output; drop --format/--out")
     tolerance = tolerance_from(exact, atol, rtol)
     patches = _read_patch_results(patch_results) if patch_results else None
-    bisect_dumps = _bisector() if with_bisect else None
     if fmt == "html":
         from tdiff.report.plots import require_matplotlib
 
         require_matplotlib()  # fail before the work when matplotlib is missing
     a = open_dump(dump_a, allow_incomplete=allow_incomplete)
     b = open_dump(dump_b, allow_incomplete=allow_incomplete)
+    pairing = choose_pairing(a, b, mapping)
     with progress_bar("comparing", quiet=quiet) as advance:
-        compared = compare_dumps(a, b, CompareOptions(tolerance=tolerance), progress=advance)
-    bisected = bisect_dumps(a, b, tolerance=tolerance).to_json() if bisect_dumps else None
+        compared = compare_dumps(a, b, CompareOptions(tolerance=tolerance), pairing=pairing, progress=advance)
+    bisected = bisect_dumps(a, b, tolerance=tolerance, pairing=pairing).to_json() if with_bisect else None
     with progress_bar("writing the report", quiet=quiet):
         result = build_report(compared, bisect=bisected, patch_results=patches)
         text = _render(result, fmt, gh_comment)
@@ -97,14 +101,3 @@ def _read_patch_results(path: Path) -> dict:
     except (OSError, UnicodeDecodeError) as exc:
         raise TdiffError(f"--patch-results {path}: cannot read it ({exc})") from None
     return read_patch_results(text, f"--patch-results {path}")
-
-
-def _bisector():
-    try:
-        from tdiff.bisect import bisect_dumps
-    except ImportError as exc:
-        if exc.name != "tdiff.bisect":
-            raise
-        raise TdiffError("--bisect needs `tdiff bisect`, which this installation of tdiff does not have; "
-                         "drop --bisect or upgrade tdiff") from None
-    return bisect_dumps

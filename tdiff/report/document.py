@@ -219,7 +219,8 @@ def bisect_blocks(result: dict) -> list[Block]:
         headline += (" Its inputs already differed: bisect could not prove the divergence is "
                      "introduced here.",)
     metrics = found.get("metrics") or {}
-    rows = [["module (A)", Code(str(found["module"])) if found.get("module") else "-"],
+    rows = ([["where", str(found["description"])]] if found.get("description") else []) + [
+            ["module (A)", Code(str(found["module"])) if found.get("module") else "-"],
             ["module (B)", Code(str(found["module_b"])) if found.get("module_b") else "-"],
             ["event", str(found.get("event", "-"))], ["kind", str(found.get("kind") or "-")],
             ["mismatch", _percent(metrics.get("mismatch_fraction"))],

@@ -99,18 +99,11 @@ def test_bad_input_exits_2_with_one_line(demo_dumps, tmp_path):
         assert len(result.output.strip().splitlines()) == 1
 
 
-def test_bisect_flag_runs_tdiff_bisect_or_says_it_is_missing(demo_dumps):
+def test_bisect_flag_adds_the_bisect_result(demo_dumps):
     a, b, _ = demo_dumps
-    try:
-        from tdiff.bisect import bisect_dumps  # noqa: F401  (written in parallel; merged later)
-    except ImportError:
-        bisect_dumps = None
-    if bisect_dumps is None:
-        result = tdiff_cli("report", a, b, "--bisect", expect=2)
-        assert "--bisect needs `tdiff bisect`" in result.output
-    else:
-        result = tdiff_cli("report", a, b, "--bisect", expect=1)
-        assert "### Bisect" in result.stdout and f"`{PLANTED}`" in result.stdout.split("### Bisect")[1]
+    result = tdiff_cli("report", a, b, "--bisect", expect=1)
+    section = result.stdout.split("### Bisect")[1]
+    assert f"Introduced at** `{PLANTED}` (output, kind norm, layer 1" in section
 
 
 BISECT = {"status": "diverged", "checked": 61, "trail": ["model.layers.1", "model"],

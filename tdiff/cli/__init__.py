@@ -14,10 +14,12 @@ from tdiff.errors import TdiffError
 COMMANDS = {
     "capture": "tdiff.cli.capture:capture",
     "compare": "tdiff.cli.compare:compare",
+    "patch": "tdiff.cli.patch:patch",
 }
 _SUMMARIES = {
     "capture": "Run a command and dump module inputs/outputs of its Python processes.",
     "compare": "Compare two dumps tensor by tensor (bitwise by default).",
+    "patch": "Apply, check and try source patches: candidate fixes for a divergence.",
 }
 
 

@@ -201,9 +201,13 @@ class ActivePatches:
                      source, code, defaults, filename)
 
 
-def apply_patches(patches: Iterable[PatchSpec], *, on_applied: Callable[[PatchSpec], None] | None = None) -> ActivePatches:
-    """Arm ``patches`` now: each applies at once if its module is imported, else when it is."""
-    return ActivePatches(list(patches), on_applied=on_applied).start()
+def apply_patches(patches: Iterable[PatchSpec], *, on_applied: Callable[[PatchSpec], None] | None = None,
+                  on_error: Callable[[BaseException], None] | None = None) -> ActivePatches:
+    """Arm ``patches`` now: each applies at once if its module is imported, else when it is.
+
+    A patch that cannot apply raises :class:`PatchError`, from this call or from the import of its
+    module; with ``on_error``, import-time failures are handed to it instead."""
+    return ActivePatches(list(patches), on_applied=on_applied, on_error=on_error).start()
 
 
 def pin_mismatch(pin: str, source: TargetSource) -> str:

@@ -26,8 +26,7 @@ def activate_patches(config: dict) -> None:
     try:
         patches = patches_from_config(config)
         log = config.get(APPLIED_LOG)
-        session = apply_patches(patches, on_applied=_logger(log) if log else None)
-        session.on_error = fail_closed
+        session = apply_patches(patches, on_applied=_logger(log) if log else None, on_error=fail_closed)
     except Exception as exc:  # noqa: BLE001 - nothing may run unpatched
         fail_closed(exc)
     atexit.register(session.restore)

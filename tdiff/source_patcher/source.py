@@ -14,6 +14,7 @@ import ast
 import hashlib
 import importlib.machinery
 import importlib.util
+import os
 import sys
 import textwrap
 from dataclasses import dataclass
@@ -60,7 +61,7 @@ def find_module_spec(name: str):
     for index in range(1, len(parts)):
         if spec is None or spec.submodule_search_locations is None:
             return None
-        spec = _find_in(".".join(parts[: index + 1]), list(spec.submodule_search_locations))
+        spec = _find_in(".".join(parts[: index + 1]), [os.fspath(p) for p in spec.submodule_search_locations])
     return spec
 
 

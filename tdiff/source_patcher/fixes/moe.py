@@ -40,11 +40,16 @@ class SlotCombine:
         return sum_slots(self.slots).to(dtype)
 
 
-def weighted_slot_sum(outputs: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
-    """SGLang's native MoE: [tokens, k, hidden] expert outputs and [tokens, k] weights -> fp32 sum."""
+def sum_in_expert_order(slots: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
+    """[tokens, k, hidden] values of each token's k slots and their [tokens, k] expert ids -> the
+    fp32 sum of each token's slots in ascending expert id."""
     order = expert_ids.argsort(dim=-1, stable=True)
-    slots = outputs.float().gather(1, order[..., None].expand_as(outputs)) * weights.float().gather(1, order)[..., None]
-    return sum_slots(slots)
+    return sum_slots(slots.float().gather(1, order[..., None].expand_as(slots)))
+
+
+def weighted_slot_sum(outputs: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
+    """SGLang's native MoE: [tokens, k, hidden] expert outputs weighted in fp32, summed in expert order."""
+    return sum_in_expert_order(outputs.float() * weights.float()[..., None], expert_ids)
 
 
 def combine_rows_in_order(rows: torch.Tensor, token_of_row: torch.Tensor, shape) -> torch.Tensor:

@@ -229,7 +229,8 @@ def _type_name(value) -> str:
 
 def patch_from_mapping(data, source: str, line: int | None = None, *, what: str = "patch") -> PatchSpec:
     """Validate one patch entry (from YAML, or from the JSON a parent process passed on)."""
-    fields = Fields(data, source, what, PATCH_KEYS, line)
+    named = data.get("name") if isinstance(data, dict) else None
+    fields = Fields(data, source, f"{what} {named!r}" if isinstance(named, str) else what, PATCH_KEYS, line)
     name = fields.text("name", required=True, pattern=_NAME, describe="a name of letters, digits, '.', '_' and '-'")
     fields.what = f"patch {name!r}"
     target = fields.text("target", required=True, pattern=_DOTTED, describe="a dotted path like package.module.Class.method")

@@ -43,7 +43,7 @@ def test_a_valid_file_parses_into_patches_and_candidates():
 @pytest.mark.parametrize("text, message", [
     ("patches:\n  - name: a\n    target: m.f\n    edits: [{match: x, replacment: y}]\n",
      "fixes.yaml line 4: patch 'a' edit 1: unknown key 'replacment'"),
-    ("patches:\n  - name: a\n    target: m.f\n    edtis: []\n", "fixes.yaml line 4: patch: unknown key 'edtis'"),
+    ("patches:\n  - name: a\n    target: m.f\n    edtis: []\n", "fixes.yaml line 4: patch 'a': unknown key 'edtis'"),
     ("patches:\n  - name: a\n    target: m.f\n    replace_with: 3\n",
      "fixes.yaml line 4: patch 'a': 'replace_with' must be text, not a number"),
     ("patches:\n  - name: a\n    target: [m, f]\n", "fixes.yaml line 3: patch 'a': 'target' must be text, not a list"),

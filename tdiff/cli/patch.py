@@ -49,7 +49,7 @@ def apply(config, command):
     from tdiff.source_patcher.catalogue import patches_from
 
     patches = patches_from(config)
-    _refuse_stale(patches)
+    _refuse_stale([patches])
     with tempfile.TemporaryDirectory(prefix="tdiff-patch-") as scratch:
         log = str(Path(scratch) / "applied.jsonl")
         env = child_environment(patches=child_config(patches, applied_log=log))
@@ -126,7 +126,7 @@ def try_(candidates, baseline, workdir, select, exclude, layers, steps, exact, a
     parse_ranges(layers, "--layers")
     parse_ranges(steps, "--steps")
     chosen = candidates_from(candidates)
-    _refuse_stale([p for c in chosen for p in c.patches])
+    _refuse_stale([list(c.patches) for c in chosen])
     console = make_console(stderr=True)
 
     def progress(result, done, total):
@@ -145,13 +145,18 @@ def try_(candidates, baseline, workdir, select, exclude, layers, steps, exact, a
     sys.exit(0 if report.matched else 1)
 
 
-def _refuse_stale(patches) -> None:
+def _refuse_stale(groups) -> None:
+    """Check each group of patches (what one run applies together) as it will be applied."""
     from tdiff.source_patcher.check import STALE, check_patches
 
-    unique = list({p.name: p for p in patches}.values())
-    stale = [r for r in check_patches(unique) if r.status == STALE]
+    stale, names = {}, set()
+    for patches in groups:
+        names.update(p.name for p in patches)
+        for result in check_patches(patches):
+            if result.status == STALE:
+                stale.setdefault(result.patch.name, result)
     if stale:
-        raise TdiffError(_stale_message(stale, len(unique)))
+        raise TdiffError(_stale_message(list(stale.values()), len(names)))
 
 
 def _stale_message(stale, total: int) -> str:

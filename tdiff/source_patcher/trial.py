@@ -3,7 +3,8 @@
 Run B's command is captured once unpatched (the control) and once per candidate, each run into its
 own dump in a working directory; each dump is compared with the baseline. Candidates are ranked:
 a match first, then by how far the first divergence moved later in execution order (compared to
-the control), then by fewer mismatched tensors, then by smaller max ULP; a run that failed last.
+the control), then by fewer mismatched tensors, then by smaller max ULP, then by fewer patches;
+a run that failed last.
 
     report = try_candidates(candidates_from("builtin"), "dumps/a", ["python", "run.py"])
     report.best          # name of the best candidate, or None
@@ -126,12 +127,14 @@ def try_candidates(candidates: list[Candidate], baseline: str | Path, command: l
 
 
 def _rank(result: TrialResult) -> tuple:
+    """Match first, then the latest first divergence, fewer mismatches, smaller max ULP; among
+    equals the candidate with fewer patches (the smaller fix) first."""
     if result.status == MATCH:
-        return (0,)
+        return (0, len(result.patches))
     if result.status == ERROR:
-        return (2,)
+        return (2, len(result.patches))
     ulp = result.max_ulp if result.max_ulp is not None else math.inf
-    return (1, -result.position, result.mismatched, ulp)
+    return (1, -result.position, result.mismatched, ulp, len(result.patches))
 
 
 def _workdir(workdir: str | Path | None) -> Path:

@@ -14,16 +14,17 @@ from tdiff.source_patcher.fixes.reduction import fixed_order_mean
 
 def torch_rmsnorm_forward(self, x: torch.Tensor) -> torch.Tensor:
     """``torch.nn.RMSNorm.forward``: variance by a fixed-order sum in fp32, weight multiplied in
-    fp32, one rounding to the output dtype."""
+    fp32, one rounding to the input dtype (torch.rms_norm's output dtype)."""
     dims = len(self.normalized_shape)
     x32 = x.float()
     flat = x32.flatten(-dims) if dims > 1 else x32
-    eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
+    # torch's default eps is that of the computation type (fp32 for half inputs)
+    eps = self.eps if self.eps is not None else torch.finfo(torch.promote_types(x.dtype, torch.float32)).eps
     variance = fixed_order_mean(flat.pow(2), dim=-1, keepdim=True)
     y = (flat * torch.rsqrt(variance + eps)).view_as(x32)
-    if self.weight is None:
-        return y.to(x.dtype)
-    return (y * self.weight.float()).to(torch.promote_types(x.dtype, self.weight.dtype))
+    if self.weight is not None:
+        y = y * self.weight.float()
+    return y.to(x.dtype)
 
 
 def sglang_native(self, x, residual=None, post_residual_addition=None, quant_linear=None):

@@ -104,8 +104,8 @@ def check(config, as_json):
 @click.option("--steps", metavar="RANGES", help="Capture only these steps, as for the baseline.")
 @tolerance_options
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def try_(candidates, baseline, workdir, select, exclude, layers, steps, exact, atol, rtol, as_json, command):
+@click.argument("command_b", nargs=-1, required=True, type=click.UNPROCESSED)
+def try_(candidates, baseline, workdir, select, exclude, layers, steps, exact, atol, rtol, as_json, command_b):
     """Run COMMAND_B once unpatched and once per candidate; rank the candidates against DUMP_A.
 
     \b
@@ -135,7 +135,7 @@ def try_(candidates, baseline, workdir, select, exclude, layers, steps, exact, a
                       + (f", first divergence {where}" if where else "")
                       + (f" ({result.reason})" if result.reason else ""), highlight=False, markup=False)
 
-    report = try_candidates(chosen, baseline, list(command), workdir=workdir, tolerance=tolerance,
+    report = try_candidates(chosen, baseline, list(command_b), workdir=workdir, tolerance=tolerance,
                             selection=CaptureSelection(list(select), list(exclude), layers, steps),
                             progress=progress)
     if as_json:

@@ -44,9 +44,9 @@ combinations:
 """
 
 
-def capture(out: Path, *command, patches: str | None = None):
+def capture(out: Path, *command, patches: str | None = None, options=()):
     wrapper = ("patch", "apply", "--config", patches, "--", sys.executable, "-m", "tdiff") if patches else ()
-    result = tdiff_process(*wrapper, "capture", "--out", out, "--", *command, cwd=REPO)
+    result = tdiff_process(*wrapper, "capture", "--out", out, *options, "--", *command, cwd=REPO)
     assert result.returncode == 0, result.stderr
 
 
@@ -94,14 +94,14 @@ def baseline(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("fault, fix, other, boundary", [
     ("logsoftmax-bf16", "logsoftmax-fp32", "rope-fp32", "logprobs"),
-    ("rope-bf16", "rope-fp32", "logsoftmax-fp32", "model.rotary_emb[0]"),
+    ("rope-bf16", "rope-fp32", "logsoftmax-fp32", "model.rotary_emb["),
 ])
 def test_a_planted_fault_is_fixed_by_its_catalogue_entry(tmp_path, baseline, fault, fix, other, boundary):
     code, report = trial(f"builtin:{other},{fix}", baseline, tmp_path / "work", sys.executable, PLANTED,
                          "--fault", fault)
     assert code == 0 and report["best"] == fix
     assert report["control"]["status"] == "diverged"
-    assert report["control"]["first_divergence"]["name"] == boundary
+    assert report["control"]["first_divergence"]["name"].startswith(boundary)
     assert by_name(report)[other]["status"] == "diverged"
 
 
@@ -111,15 +111,15 @@ def test_a_bf16_residual_add_is_fixed_by_the_fp32_residual_contract(tmp_path):
     code, report = trial("builtin:rmsnorm-fp32,residual-fp32", tmp_path / "a", tmp_path / "work",
                          sys.executable, PLANTED)
     assert code == 0 and report["best"] == "residual-fp32"
-    first = report["control"]["first_divergence"]
-    assert first["module"] == "model.layers.0" and first["role"] == "output"
+    first = report["control"]["first_divergence"]   # the fp32 sum reaching layer 0's second norm
+    assert first["module"] == "model.layers.0.post_attention_layernorm" and first["role"] == "input"
 
 
 def test_batch_invariant_matmul_makes_a_row_in_a_batch_match_the_row_alone(tmp_path):
     # fp32 CPU GEMMs pick a different summation order for 1 row than for a batch of rows
     only_logprobs = ("--select", "^no-module$")
-    capture(tmp_path / "a", "--select", "^no-module$", sys.executable, PLANTED, "--dtype", "float32",
-            patches="builtin:batch-invariant")
+    capture(tmp_path / "a", sys.executable, PLANTED, "--dtype", "float32", patches="builtin:batch-invariant",
+            options=only_logprobs)
     code, report = trial("builtin:batch-invariant-mean,batch-invariant-matmul", tmp_path / "a", tmp_path / "work",
                          sys.executable, PLANTED, "--dtype", "float32", "--batch", "4", extra=only_logprobs)
     assert code == 0 and report["best"] == "batch-invariant-matmul"

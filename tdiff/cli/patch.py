@@ -86,8 +86,8 @@ def check(config, as_json):
                               indent=1))
     else:
         for r in results:
-            detail = r.reason if r.reason else f"{r.location}  sha256 {r.sha256}" if r.sha256 else ""
-            click.echo(f"{r.status:<13} {r.patch.name}  {r.patch.target}" + (f": {detail}" if detail else ""))
+            detail = f": {r.reason}" if r.reason else f"  ({r.location}, sha256 {r.sha256})" if r.sha256 else ""
+            click.echo(f"{r.status:<13} {r.patch.name}  {r.patch.target}{detail}")
     if stale:
         raise TdiffError(_stale_message(stale, len(results)))
 

@@ -40,7 +40,6 @@ class _Swap:
     function: types.FunctionType
     saved: tuple                     # (__code__, __defaults__, __kwdefaults__) before this patch
     text: str | None                 # the function's source text after it (None: replaced wholesale)
-    source: TargetSource
     code: types.CodeType
     defaults: tuple | None = None    # (__defaults__, __kwdefaults__) when the signature changed
     filename: str = ""
@@ -198,7 +197,7 @@ class ActivePatches:
             code = code.replace(co_qualname=original.co_qualname)
         defaults = (compiled.function.__defaults__, compiled.function.__kwdefaults__) if changed else None
         return _Swap(patch, function, (original, function.__defaults__, function.__kwdefaults__), new_text,
-                     source, code, defaults, filename)
+                     code, defaults, filename)
 
 
 def apply_patches(patches: Iterable[PatchSpec], *, on_applied: Callable[[PatchSpec], None] | None = None,

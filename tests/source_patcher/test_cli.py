@@ -166,3 +166,15 @@ def test_patches_config_round_trips_through_the_environment():
                                "x.yaml").patches
     assert json.loads(child_environment(patches=patches_config(patches))["TDIFF_PATCHES"])["patches"][0] == {
         "name": "a", "target": "json.dumps", "replace_with": "json:loads"}
+
+
+def test_a_pinned_patch_refuses_a_changed_source(tmp_path, monkeypatch):
+    module, fixes, _, env = project(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    pin = json.loads(tdiff_cli("patch", "check", "--config", fixes, "--json", expect=0).output)["patches"][0]["sha256"]
+    fixes.write_text(fixes.read_text().replace("    target: ", f"    pin: {pin}\n    target: ", 1))
+    tdiff_cli("patch", "check", "--config", fixes, expect=0)
+    (tmp_path / f"{module}.py").write_text(TARGET.replace("    factor = 2\n", "    factor = 2  # tuned\n"))
+    result = tdiff_process("patch", "apply", "--config", fixes, "--", sys.executable, "-c", "pass", env=env)
+    assert result.returncode == 2
+    assert f"patch 'triple' ({module}.scaled" in result.stderr and "pin mismatch" in result.stderr

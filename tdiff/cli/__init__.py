@@ -15,12 +15,14 @@ COMMANDS = {
     "capture": "tdiff.cli.capture:capture",
     "compare": "tdiff.cli.compare:compare",
     "bisect": "tdiff.cli.bisect:bisect",
+    "patch": "tdiff.cli.patch:patch",
     "report": "tdiff.cli.report:report",
 }
 _SUMMARIES = {
     "capture": "Run a command and dump module inputs/outputs of its Python processes.",
     "compare": "Compare two dumps tensor by tensor (bitwise by default).",
     "bisect": "Name the first op boundary that introduces a divergence.",
+    "patch": "Apply, check and try source patches: candidate fixes for a divergence.",
     "report": "Write a comparison up for a pull request: Markdown, HTML with plots, or JSON.",
 }
 

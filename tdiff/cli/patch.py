@@ -1,0 +1,197 @@
+"""tdiff patch: apply source patches to a command, check them against the installed packages, and
+try candidate fixes against a baseline dump (docs/PATCHES.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from tdiff.bootstrap import child_environment
+from tdiff.cli.options import tolerance_from, tolerance_options
+from tdiff.errors import TdiffError
+from tdiff.hooks.selection import compile_patterns, parse_ranges
+from tdiff.report.console import fmt_number, make_console
+
+_RUN = {"ignore_unknown_options": True, "allow_interspersed_args": False}
+_CONFIG_HELP = "Patch file, or builtin / builtin:NAME,... for catalogue entries."
+
+
+@click.group()
+def patch():
+    """Apply, check and try source patches: candidate fixes for a divergence.
+
+    Patch files are YAML (docs/PATCHES.md); `builtin` names the catalogue of known fixes.
+    """
+
+
+@patch.command(context_settings=_RUN)
+@click.option("--config", "config", required=True, metavar="FILE|builtin[:NAMES]", help=_CONFIG_HELP)
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def apply(config, command):
+    """Run COMMAND with the patches active in every Python process it starts.
+
+    \b
+    tdiff patch apply --config fixes.yaml -- python run.py
+    tdiff patch apply --config builtin:rmsnorm-fp32 -- tdiff capture --out dumps/b -- python run.py
+
+    Every patch is checked against the installed packages first; one that no longer applies stops
+    here (exit 2). In the command's processes a patch applies when its module is imported; one
+    that fails there ends that process with status 2. Exit status: the command's own.
+    """
+    from tdiff.source_patcher.bootstrap import child_config, read_applied_log
+    from tdiff.source_patcher.catalogue import patches_from
+
+    patches = patches_from(config)
+    _refuse_stale([patches])
+    with tempfile.TemporaryDirectory(prefix="tdiff-patch-") as scratch:
+        log = str(Path(scratch) / "applied.jsonl")
+        env = child_environment(patches=child_config(patches, applied_log=log))
+        try:
+            returncode = subprocess.run(list(command), env=env).returncode
+        except OSError as exc:
+            raise TdiffError(f"cannot run {command[0]}: {exc.strerror or exc}") from None
+        applied = read_applied_log(log)
+    took = sorted({entry["patch"] for entry in applied})
+    never = [p.name for p in patches if p.name not in took]
+    processes = len({entry["pid"] for entry in applied})
+    click.echo(f"tdiff: {len(took)} of {len(patches)} patch(es) applied in {processes} process(es)"
+               + (f"; never applied (target module not imported): {', '.join(never)}" if never else ""), err=True)
+    if returncode != 0:
+        sys.exit(returncode if returncode > 0 else 128 - returncode)
+
+
+@patch.command()
+@click.option("--config", "config", required=True, metavar="FILE|builtin[:NAMES]", help=_CONFIG_HELP)
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+def check(config, as_json):
+    """Check that every patch still applies to the installed packages, running nothing.
+
+    For CI after an upgrade: targets are found in the installed files, pins compared, edits
+    applied and compiled. Exit status: 0 all apply, 2 a patch no longer applies (named).
+    """
+    from tdiff.source_patcher.catalogue import patches_from
+    from tdiff.source_patcher.check import STALE, check_patches
+
+    results = check_patches(patches_from(config))
+    stale = [r for r in results if r.status == STALE]
+    if as_json:
+        click.echo(json.dumps({"status": "stale" if stale else "ok", "patches": [r.to_json() for r in results]},
+                              indent=1))
+    else:
+        for r in results:
+            detail = f": {r.reason}" if r.reason else f"  ({r.location}, sha256 {r.sha256})" if r.sha256 else ""
+            click.echo(f"{r.status:<13} {r.patch.name}  {r.patch.target}{detail}")
+    if stale:
+        raise TdiffError(_stale_message(stale, len(results)))
+
+
+@patch.command("try", context_settings=_RUN)
+@click.option("--candidates", required=True, metavar="FILE|builtin[:NAMES]",
+              help="Patch file (each patch, then each combination it lists), or catalogue entries.")
+@click.option("--baseline", required=True, metavar="DUMP_A", help="The dump run B should match.")
+@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),
+              help="Where the runs' dumps and logs go (default: a new ./tdiff-try-* directory).")
+@click.option("--select", multiple=True, metavar="REGEX", help="Capture only these modules, as for the baseline.")
+@click.option("--exclude", multiple=True, metavar="REGEX", help="Skip these modules, as for the baseline.")
+@click.option("--layers", metavar="RANGES", help="Capture only these layers, as for the baseline.")
+@click.option("--steps", metavar="RANGES", help="Capture only these steps, as for the baseline.")
+@tolerance_options
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@click.argument("command_b", nargs=-1, required=True, type=click.UNPROCESSED)
+def try_(candidates, baseline, workdir, select, exclude, layers, steps, exact, atol, rtol, as_json, command_b):
+    """Run COMMAND_B once unpatched and once per candidate; rank the candidates against DUMP_A.
+
+    \b
+    tdiff patch try --candidates builtin --baseline dumps/a -- python run.py --engine
+    tdiff patch try --candidates fixes.yaml --baseline dumps/a --json -- python run.py
+
+    Each run is captured (with the baseline's mode) into --workdir and compared with the
+    baseline. Ranking: a match first, then the first divergence moved furthest later than in the
+    unpatched control, then fewer mismatched tensors, then smaller max ULP.
+    Exit status: 0 some candidate matches, 1 none does, 2 bad input or the control run failed.
+    """
+    from tdiff.source_patcher.catalogue import candidates_from
+    from tdiff.source_patcher.trial import CaptureSelection, try_candidates
+
+    tolerance = tolerance_from(exact, atol, rtol)
+    compile_patterns(select, "--select")
+    compile_patterns(exclude, "--exclude")
+    parse_ranges(layers, "--layers")
+    parse_ranges(steps, "--steps")
+    chosen = candidates_from(candidates)
+    _refuse_stale([list(c.patches) for c in chosen])
+    console = make_console(stderr=True)
+
+    def progress(result, done, total):
+        where = result.first_divergence["name"] if result.first_divergence else ""
+        console.print(f"tdiff: [{done}/{total}] {result.name}: {result.status}"
+                      + (f", first divergence {where}" if where else "")
+                      + (f" ({result.reason})" if result.reason else ""), highlight=False, markup=False)
+
+    report = try_candidates(chosen, baseline, list(command_b), workdir=workdir, tolerance=tolerance,
+                            selection=CaptureSelection(list(select), list(exclude), layers, steps),
+                            progress=progress)
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=1))
+    else:
+        _render(report, make_console())
+    sys.exit(0 if report.matched else 1)
+
+
+def _refuse_stale(groups) -> None:
+    """Check each group of patches (what one run applies together) as it will be applied."""
+    from tdiff.source_patcher.check import STALE, check_patches
+
+    stale, names = {}, set()
+    for patches in groups:
+        names.update(p.name for p in patches)
+        for result in check_patches(patches):
+            if result.status == STALE:
+                stale.setdefault(result.patch.name, result)
+    if stale:
+        raise TdiffError(_stale_message(list(stale.values()), len(names)))
+
+
+def _stale_message(stale, total: int) -> str:
+    first = stale[0]
+    more = f" (and {len(stale) - 1} more)" if len(stale) > 1 else ""
+    return (f"{len(stale)} of {total} patch(es) no longer apply: patch {first.patch.name!r} "
+            f"({first.patch.target}, {first.patch.origin}): {first.reason}{more}")
+
+
+def _render(report, console) -> None:
+    control = report.control
+    console.print(f"baseline {report.baseline}; runs and logs in {report.workdir} ({report.tolerance})",
+                  highlight=False)
+    table = Table(title_justify="left", show_lines=False)
+    for column in ("rank", "candidate", "status", "first divergence", "moved", "mismatched", "max ULP"):
+        table.add_column(column, justify="right" if column in ("rank", "moved", "mismatched", "max ULP") else "left",
+                         overflow="fold")
+    rows = [("-", control)] + [(str(i), r) for i, r in enumerate(report.candidates, 1)]
+    for rank, r in rows:
+        style = {"match": "green", "diverged": "", "error": "red"}[r.status]
+        name = "(control, unpatched)" if r is control else r.name
+        if r is not control and r.patches and not r.applied and r.status != "error":
+            name += " (never applied)"
+        first = r.first_divergence["name"] if r.first_divergence else (r.reason or "")
+        moved = "" if r is control else (f"{r.moved_by:+d}" if r.moved_by is not None else "")
+        table.add_row(rank, Text(name), Text(r.status, style=style), Text(first), moved,
+                      fmt_number(r.mismatched), fmt_number(r.max_ulp))
+    console.print(table)
+    best = report.best
+    if best is None:
+        console.print("no candidate ran to the end: see the logs", highlight=False)
+    elif best.status == "match":
+        console.print(f"best: {best.name} (matches the baseline; the unpatched control {control.status})",
+                      highlight=False)
+    else:
+        console.print(f"no candidate matches; closest: {best.name} (first divergence moved "
+                      f"{best.moved_by:+d} tensors)" if best.moved_by is not None else
+                      f"no candidate matches; closest: {best.name}", highlight=False)

@@ -1,0 +1,84 @@
+"""The catalogue of known fixes (catalogue.yaml beside this file) and where candidates come from.
+
+    candidates_from("builtin")                     # every entry
+    candidates_from("builtin:rmsnorm-fp32,rope-fp32")
+    candidates_from("my-fixes.yaml")               # each patch, then each listed combination
+    entries_for_kind("norm")                       # the entries that address a boundary kind
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from tdiff.errors import TdiffError
+from tdiff.source_patcher.spec import (Candidate, Fields, PatchSpec, load_patch_file, load_yaml,
+                                       patch_from_mapping, read_text)
+
+CATALOGUE_FILE = Path(__file__).with_name("catalogue.yaml")
+BUILTIN = "builtin"
+# tdiff bisect's boundary kinds
+KINDS = ("embedding", "norm", "rope", "attention", "linear", "activation", "mlp", "moe_router", "moe_topk",
+         "moe_dispatch", "moe_experts", "moe_combine", "residual", "logits", "logprobs", "other")
+
+
+@functools.cache
+def catalogue() -> tuple[Candidate, ...]:
+    source = str(CATALOGUE_FILE)
+    top = Fields(load_yaml(read_text(CATALOGUE_FILE), source), source, "the catalogue", ("shared", "entries"), 1)
+    entries = tuple(_entry(item, source, top.line_of("entries")) for item in top.items("entries", required=True))
+    names = [e.name for e in entries]
+    if len(set(names)) != len(names):
+        raise TdiffError(f"{source}: an entry name is used twice")
+    return entries
+
+
+def _entry(item, source: str, line: int | None) -> Candidate:
+    fields = Fields(item, source, "catalogue entry", ("name", "kinds", "summary", "patches"), line)
+    name = fields.text("name", required=True)
+    kinds = fields.items("kinds", required=True)
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        raise fields.error(f"entry {name!r}: unknown kinds {unknown} (known: {', '.join(KINDS)})", "kinds")
+    patches = tuple(patch_from_mapping(p, source, fields.line_of("patches"), what=f"entry {name!r} patch")
+                    for p in fields.items("patches", required=True))
+    return Candidate(name=name, patches=patches, kinds=tuple(kinds), summary=fields.text("summary", required=True))
+
+
+def entries_for_kind(kind: str) -> list[Candidate]:
+    """The catalogue entries that address boundaries of ``kind`` (tdiff bisect's vocabulary)."""
+    if kind not in KINDS:
+        raise TdiffError(f"unknown boundary kind {kind!r} (known: {', '.join(KINDS)})")
+    return [entry for entry in catalogue() if kind in entry.kinds]
+
+
+def builtin(names: list[str] | None = None) -> list[Candidate]:
+    entries = {entry.name: entry for entry in catalogue()}
+    if names is None:
+        return list(entries.values())
+    unknown = [n for n in names if n not in entries]
+    if unknown:
+        raise TdiffError(f"no catalogue entry named {unknown[0]!r}; the entries are: {', '.join(entries)}")
+    return [entries[n] for n in names]
+
+
+def candidates_from(spec: str) -> list[Candidate]:
+    """``builtin``, ``builtin:NAME,...`` or a patch file."""
+    if spec == BUILTIN or spec.startswith(BUILTIN + ":"):
+        names = [n.strip() for n in spec[len(BUILTIN) + 1:].split(",") if n.strip()] if ":" in spec else None
+        if names == []:
+            raise TdiffError(f"{spec!r}: name at least one entry after 'builtin:'")
+        return builtin(names)
+    return load_patch_file(spec).candidates()
+
+
+def patches_from(spec: str) -> list[PatchSpec]:
+    """Every patch of a file, or of the named catalogue entries (a patch shared by two entries once)."""
+    if not (spec == BUILTIN or spec.startswith(BUILTIN + ":")):
+        return load_patch_file(spec).patches
+    patches: dict[str, PatchSpec] = {}
+    for entry in candidates_from(spec):
+        for patch in entry.patches:
+            if patches.setdefault(patch.name, patch).to_config() != patch.to_config():
+                raise TdiffError(f"catalogue entries define patch {patch.name!r} differently")
+    return list(patches.values())

@@ -1,0 +1,1 @@
+"""The arithmetic the catalogue's entries put in place (catalogue.yaml says where each goes)."""

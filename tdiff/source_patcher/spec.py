@@ -1,0 +1,309 @@
+"""Patch specs: the YAML format of docs/PATCHES.md, read safely and validated with line numbers.
+
+    patches:
+      - name: fp32-variance
+        target: transformers.models.qwen2.modeling_qwen2.Qwen2RMSNorm.forward
+        pin: 9f2c...                    # optional: sha256 of the target's source text
+        preamble: "import torch"        # optional: statements the edited code needs
+        edits:
+          - match: "variance = hidden_states.pow(2).mean(-1, keepdim=True)"
+            replacement: "variance = hidden_states.float().pow(2).mean(-1, keepdim=True)"
+      - name: my-fix
+        target: package.module.function
+        replace_with: mypkg.fixes:function
+    combinations:                        # optional, for `tdiff patch try`
+      - [fp32-variance, my-fix]
+
+Every mistake (bad YAML, an unknown key, a wrong type, a duplicate name) is reported with the file
+and line at fault. YAML is read with the safe loader only.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from tdiff.errors import TdiffError
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+_DOTTED = re.compile(rf"{_IDENTIFIER}(\.{_IDENTIFIER})*")
+_REFERENCE = re.compile(rf"{_IDENTIFIER}(\.{_IDENTIFIER})*:{_IDENTIFIER}(\.{_IDENTIFIER})*")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+EDIT_ACTIONS = ("replacement", "prepend", "append")
+PATCH_KEYS = ("name", "target", "pin", "preamble", "edits", "replace_with", "activate", "optional")
+MODES = ("edits", "replace_with", "activate")
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Find the lines of ``match`` (whitespace-tolerant) and replace them, or add lines around them."""
+
+    match: str
+    action: str                 # "replacement" | "prepend" | "append"
+    text: str
+    line: int | None = None     # where the edit is written in its file
+
+    def to_config(self) -> dict:
+        return {"match": self.match, self.action: self.text}
+
+
+@dataclass(frozen=True)
+class PatchSpec:
+    """One change to one target: line edits, a whole-function replacement, or an activation hook."""
+
+    name: str
+    target: str
+    edits: tuple[Edit, ...] = ()
+    replace_with: str | None = None   # "module:function" called instead of the target
+    activate: str | None = None       # "module:function" called once the target module is imported
+    pin: str | None = None            # sha256 of the target's original source text
+    preamble: str | None = None       # statements run at the start of the edited function
+    optional: bool = False            # skip (do not fail) where the target's package is not installed
+    origin: str = ""                  # "patches.yaml line 3", for messages
+
+    @property
+    def mode(self) -> str:
+        return "edits" if self.edits else "replace_with" if self.replace_with else "activate"
+
+    def to_config(self) -> dict:
+        out: dict = {"name": self.name, "target": self.target}
+        if self.edits:
+            out["edits"] = [e.to_config() for e in self.edits]
+        for key in ("replace_with", "activate", "pin", "preamble"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        if self.optional:
+            out["optional"] = True
+        return out
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """What `tdiff patch try` runs once: a named set of patches (one patch, a combination, or a
+    catalogue entry with one patch per framework it applies to)."""
+
+    name: str
+    patches: tuple[PatchSpec, ...]
+    kinds: tuple[str, ...] = ()       # boundary kinds it addresses (catalogue entries)
+    summary: str = ""
+
+
+@dataclass
+class PatchFile:
+    source: str
+    patches: list[PatchSpec]
+    combinations: list[tuple[str, ...]] = field(default_factory=list)
+
+    def candidates(self) -> list[Candidate]:
+        """Each patch alone, then each combination the file lists."""
+        by_name = {p.name: p for p in self.patches}
+        alone = [Candidate(p.name, (p,)) for p in self.patches]
+        combined = [Candidate("+".join(names), tuple(by_name[n] for n in names)) for names in self.combinations]
+        return alone + combined
+
+
+# ----------------------------------------------------------------------------------- YAML reading
+
+class _Mapping(dict):
+    """A YAML mapping that remembers its line and the line of each key."""
+
+    line: int | None = None
+    key_lines: dict
+
+    def line_of(self, key: str) -> int | None:
+        return self.key_lines.get(key, self.line)
+
+
+class _LineLoader(yaml.SafeLoader):
+    pass
+
+
+def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode):
+    data = _Mapping()
+    data.line = node.start_mark.line + 1
+    data.key_lines = {}
+    yield data
+    loader.flatten_mapping(node)
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        line = key_node.start_mark.line + 1
+        if not isinstance(key, str):
+            raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is not text", key_node.start_mark)
+        if key in data.key_lines:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first on line {data.key_lines[key]})", key_node.start_mark)
+        data.key_lines[key] = line
+        data[key] = loader.construct_object(value_node, deep=True)
+
+
+_LineLoader.add_constructor("tag:yaml.org,2002:map", _construct_mapping)
+
+
+def load_yaml(text: str, source: str):
+    """Parse YAML with the safe loader; mappings keep their line numbers for later messages."""
+    try:
+        return yaml.load(text, Loader=_LineLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc)
+        where = f"{source} line {mark.line + 1}" if mark is not None else source
+        raise TdiffError(f"{where}: not valid YAML: {problem}") from None
+
+
+def read_text(path: str | Path) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TdiffError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TdiffError(f"{path}: cannot be read: {exc}") from None
+
+
+# ----------------------------------------------------------------------------------- validation
+
+class Fields:
+    """Typed access to one mapping's keys; every complaint names the file and line."""
+
+    def __init__(self, data, source: str, what: str, known: tuple[str, ...], line: int | None = None):
+        self.source, self.what = source, what
+        self.line = getattr(data, "line", None) or line
+        self.data = data if isinstance(data, dict) else {}
+        if not isinstance(data, dict):
+            raise self.error(f"{what} must be a mapping of keys to values, not {_type_name(data)}")
+        for key in data:
+            if key not in known:
+                raise self.error(f"{what}: unknown key {key!r} (known keys: {', '.join(known)})", key)
+
+    def line_of(self, key: str | None = None) -> int | None:
+        if key is not None and isinstance(self.data, _Mapping):
+            return self.data.line_of(key)
+        return self.line
+
+    def where(self, key: str | None = None) -> str:
+        line = self.line_of(key)
+        return f"{self.source} line {line}" if line else self.source
+
+    def error(self, message: str, key: str | None = None) -> TdiffError:
+        return TdiffError(f"{self.where(key)}: {message}")
+
+    def text(self, key: str, *, required: bool = False, pattern: re.Pattern | None = None,
+             describe: str = "", allow_empty: bool = False) -> str | None:
+        if key not in self.data:
+            if required:
+                raise self.error(f"{self.what}: missing key {key!r}")
+            return None
+        value = self.data[key]
+        if not isinstance(value, str):
+            raise self.error(f"{self.what}: {key!r} must be text, not {_type_name(value)}", key)
+        if not allow_empty and not value.strip():
+            raise self.error(f"{self.what}: {key!r} is empty", key)
+        if pattern is not None and not pattern.fullmatch(value):
+            raise self.error(f"{self.what}: {key!r} is {value!r}, not {describe}", key)
+        return value
+
+    def flag(self, key: str) -> bool:
+        value = self.data.get(key, False)
+        if not isinstance(value, bool):
+            raise self.error(f"{self.what}: {key!r} must be true or false, not {_type_name(value)}", key)
+        return value
+
+    def items(self, key: str, *, required: bool = False) -> list:
+        if key not in self.data:
+            if required:
+                raise self.error(f"{self.what}: missing key {key!r}")
+            return []
+        value = self.data[key]
+        if not isinstance(value, list) or not value:
+            raise self.error(f"{self.what}: {key!r} must be a non-empty list, not {_type_name(value)}", key)
+        return value
+
+
+def _type_name(value) -> str:
+    return {dict: "a mapping", _Mapping: "a mapping", list: "a list", str: "text", bool: "true/false",
+            int: "a number", float: "a number", type(None): "empty"}.get(type(value), type(value).__name__)
+
+
+def patch_from_mapping(data, source: str, line: int | None = None, *, what: str = "patch") -> PatchSpec:
+    """Validate one patch entry (from YAML, or from the JSON a parent process passed on)."""
+    named = data.get("name") if isinstance(data, dict) else None
+    fields = Fields(data, source, f"{what} {named!r}" if isinstance(named, str) else what, PATCH_KEYS, line)
+    name = fields.text("name", required=True, pattern=_NAME, describe="a name of letters, digits, '.', '_' and '-'")
+    fields.what = f"patch {name!r}"
+    target = fields.text("target", required=True, pattern=_DOTTED, describe="a dotted path like package.module.Class.method")
+    present = [key for key in MODES if key in fields.data]
+    if len(present) != 1:
+        raise fields.error(f"patch {name!r}: give exactly one of edits, replace_with or activate"
+                           + (f" (found {', '.join(present)})" if present else ""))
+    mode = present[0]
+    reference = dict(pattern=_REFERENCE, describe="a reference like package.module:function")
+    replace_with = fields.text("replace_with", **reference)
+    activate = fields.text("activate", **reference)
+    pin = fields.text("pin", pattern=_SHA256, describe="a sha256 (64 lowercase hex digits)")
+    preamble = fields.text("preamble")
+    if preamble is not None and mode != "edits":
+        raise fields.error(f"patch {name!r}: preamble goes with edits only", "preamble")
+    if pin is not None and mode == "activate":
+        raise fields.error(f"patch {name!r}: pin goes with edits or replace_with (activate has no source)", "pin")
+    if mode != "activate" and "." not in target:
+        raise fields.error(f"patch {name!r}: target {target!r} names a module; edits and replace_with need "
+                           "a function: package.module.function or package.module.Class.method", "target")
+    edits = tuple(_edit(item, source, fields, index) for index, item in enumerate(fields.items("edits"), 1))
+    return PatchSpec(name=name, target=target, edits=edits, replace_with=replace_with, activate=activate,
+                     pin=pin, preamble=preamble, optional=fields.flag("optional"),
+                     origin=fields.where())
+
+
+def _edit(item, source: str, parent: Fields, index: int) -> Edit:
+    edit = Fields(item, source, f"{parent.what} edit {index}", ("match", *EDIT_ACTIONS), parent.line_of("edits"))
+    match = edit.text("match", required=True)
+    actions = [a for a in EDIT_ACTIONS if a in edit.data]
+    if len(actions) != 1:
+        raise edit.error(f"{edit.what}: give exactly one of replacement, prepend or append")
+    action = actions[0]
+    text = edit.text(action, allow_empty=action == "replacement")
+    return Edit(match=match, action=action, text=text, line=edit.line)
+
+
+def parse_patch_file(text: str, source: str) -> PatchFile:
+    data = load_yaml(text, source)
+    top = Fields(data, source, "the file", ("patches", "combinations"), 1)
+    patches = [patch_from_mapping(item, source, top.line_of("patches")) for item in top.items("patches", required=True)]
+    first_line: dict[str, str] = {}
+    for patch in patches:
+        if patch.name in first_line:
+            raise TdiffError(f"{patch.origin}: patch name {patch.name!r} is used twice (first at {first_line[patch.name]})")
+        first_line[patch.name] = patch.origin
+    combinations = [_combination(item, top, set(first_line)) for item in top.items("combinations")]
+    return PatchFile(source=source, patches=patches, combinations=combinations)
+
+
+def _combination(item, top: Fields, names: set[str]) -> tuple[str, ...]:
+    where = top.where("combinations")
+    if not isinstance(item, list) or len(item) < 2 or not all(isinstance(n, str) for n in item):
+        raise TdiffError(f"{where}: each combination must be a list of two or more patch names, not {item!r}")
+    unknown = [n for n in item if n not in names]
+    if unknown:
+        raise TdiffError(f"{where}: combination {item!r} names unknown patch(es): {', '.join(unknown)}")
+    if len(set(item)) != len(item):
+        raise TdiffError(f"{where}: combination {item!r} names a patch twice")
+    return tuple(item)
+
+
+def load_patch_file(path: str | Path) -> PatchFile:
+    return parse_patch_file(read_text(path), str(path))
+
+
+def patches_from_config(config: dict, source: str = "TDIFF_PATCHES") -> list[PatchSpec]:
+    """The patches a parent process handed over as JSON (see :func:`patches_config`)."""
+    if not isinstance(config, dict) or not isinstance(config.get("patches"), list):
+        raise TdiffError(f"{source}: expected {{\"patches\": [...]}}")
+    return [patch_from_mapping(item, source) for item in config["patches"]]
+
+
+def patches_config(patches: list[PatchSpec]) -> dict:
+    """JSON-ready form of patches for a child process's environment."""
+    return {"patches": [p.to_config() for p in patches]}

@@ -1,0 +1,210 @@
+"""`tdiff patch try`: which candidate fix makes run B agree with baseline A?
+
+Run B's command is captured once unpatched (the control) and once per candidate, each run into its
+own dump in a working directory; each dump is compared with the baseline. Candidates are ranked:
+a match first, then by how far the first divergence moved later in execution order (compared to
+the control), then by fewer mismatched tensors, then by smaller max ULP, then by fewer patches;
+a run that failed last.
+
+    report = try_candidates(candidates_from("builtin"), "dumps/a", ["python", "run.py"])
+    report.best          # name of the best candidate, or None
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tdiff.bootstrap import child_environment
+from tdiff.compare.engine import CompareOptions, CompareReport, compare_dumps
+from tdiff.compare.metrics import EXACT, Tolerance
+from tdiff.errors import DumpError, TdiffError
+from tdiff.source_patcher.bootstrap import child_config, read_applied_log
+from tdiff.source_patcher.spec import Candidate
+from tdiff.store.manifest import create_dump, update_dump_info
+from tdiff.store.reader import Dump, open_dump
+
+MATCH, DIVERGED, ERROR = "match", "diverged", "error"
+CONTROL = "control"
+MAX_PENDING_BYTES = 2 << 30
+
+
+@dataclass
+class TrialResult:
+    """One run of command B: the control or one candidate."""
+
+    name: str
+    patches: list[str]
+    status: str                          # "match" | "diverged" | "error"
+    dump: str
+    log: str
+    applied: list[str] = field(default_factory=list)   # patches that took effect in some process
+    first_divergence: dict | None = None
+    position: int | None = None          # index of the first divergence in execution order
+    moved_by: int | None = None          # position minus the control's (later is positive)
+    mismatched: int | None = None        # tensors that differ from the baseline
+    max_ulp: int | None = None
+    reason: str | None = None            # why the run failed
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "status": self.status, "first_divergence": self.first_divergence,
+                "moved_by": self.moved_by, "mismatched": self.mismatched, "max_ulp": self.max_ulp,
+                "position": self.position, "patches": self.patches, "applied": self.applied,
+                "dump": self.dump, "log": self.log, "reason": self.reason}
+
+
+@dataclass
+class TrialReport:
+    baseline: str
+    command: list[str]
+    workdir: str
+    tolerance: str
+    control: TrialResult
+    candidates: list[TrialResult]        # ranked, best first
+
+    @property
+    def best(self) -> TrialResult | None:
+        return next((c for c in self.candidates if c.status != ERROR), None)
+
+    @property
+    def matched(self) -> bool:
+        return any(c.status == MATCH for c in self.candidates)
+
+    def to_json(self) -> dict:
+        best = self.best
+        return {"baseline": self.baseline, "command": self.command, "workdir": self.workdir,
+                "tolerance": self.tolerance, "control": self.control.to_json(),
+                "candidates": [c.to_json() for c in self.candidates],
+                "best": best.name if best else None}
+
+
+@dataclass
+class CaptureSelection:
+    """Capture settings for the runs; use the ones the baseline was captured with."""
+
+    select: list[str] = field(default_factory=list)
+    exclude: list[str] = field(default_factory=list)
+    layers: str | None = None
+    steps: str | None = None
+
+
+def try_candidates(candidates: list[Candidate], baseline: str | Path, command: list[str], *,
+                   workdir: str | Path | None = None, tolerance: Tolerance = EXACT,
+                   selection: CaptureSelection | None = None,
+                   progress: Callable[[TrialResult, int, int], None] | None = None) -> TrialReport:
+    """Run ``command`` unpatched and under each candidate; compare every run with ``baseline``."""
+    if not candidates:
+        raise TdiffError("no candidates to try")
+    names = [c.name for c in candidates]
+    if len(set(names)) != len(names):
+        raise TdiffError(f"candidate {next(n for n in names if names.count(n) > 1)!r} is listed twice")
+    base = open_dump(baseline)
+    work = _workdir(workdir)
+    runner = _Runner(base, list(command), work, tolerance, selection or CaptureSelection())
+    total = len(candidates) + 1
+    control = runner.run(0, CONTROL, [])
+    if progress is not None:
+        progress(control, 1, total)
+    if control.status == ERROR:
+        raise TdiffError(f"the unpatched control run failed: {control.reason}; its log: {control.log}")
+    results = []
+    for index, candidate in enumerate(candidates, 1):
+        result = runner.run(index, candidate.name, list(candidate.patches))
+        if result.position is not None and control.position is not None:
+            result.moved_by = result.position - control.position
+        results.append(result)
+        if progress is not None:
+            progress(result, index + 1, total)
+    results.sort(key=_rank)
+    return TrialReport(baseline=str(baseline), command=list(command), workdir=str(work),
+                       tolerance=tolerance.describe(), control=control, candidates=results)
+
+
+def _rank(result: TrialResult) -> tuple:
+    """Match first, then the latest first divergence, fewer mismatches, smaller max ULP; among
+    equals the candidate with fewer patches (the smaller fix) first."""
+    if result.status == MATCH:
+        return (0, len(result.patches))
+    if result.status == ERROR:
+        return (2, len(result.patches))
+    ulp = result.max_ulp if result.max_ulp is not None else math.inf
+    return (1, -result.position, result.mismatched, ulp, len(result.patches))
+
+
+def _workdir(workdir: str | Path | None) -> Path:
+    if workdir is None:
+        return Path(tempfile.mkdtemp(prefix="tdiff-try-", dir="."))
+    path = Path(workdir)
+    if path.exists() and any(path.iterdir()):
+        raise TdiffError(f"{path} is not empty; give a new --workdir")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+class _Runner:
+    def __init__(self, baseline: Dump, command: list[str], workdir: Path, tolerance: Tolerance,
+                 selection: CaptureSelection):
+        self.baseline, self.command, self.workdir = baseline, command, workdir
+        self.tolerance, self.selection = tolerance, selection
+
+    def run(self, index: int, name: str, patches: list) -> TrialResult:
+        stem = f"{index:02d}-{re.sub(r'[^A-Za-z0-9._+-]', '_', name)}"
+        out, log, applied_log = (self.workdir / stem, self.workdir / f"{stem}.log",
+                                 self.workdir / f"{stem}.applied.jsonl")
+        mode, storage = self.baseline.info.get("mode", "full"), self.baseline.info.get("storage", "safetensors")
+        create_dump(out, {"side": name, "mode": mode, "storage": storage, "command": self.command})
+        capture = {"out": str(out.resolve()), "side": name, "select": self.selection.select,
+                   "exclude": self.selection.exclude, "layers": self.selection.layers,
+                   "steps": self.selection.steps, "mode": mode, "storage": storage,
+                   "max_pending_bytes": MAX_PENDING_BYTES}
+        env = child_environment(capture=capture,
+                                patches=child_config(patches, applied_log=str(applied_log.resolve())))
+        started = time.time()
+        with open(log, "w", encoding="utf-8") as handle:
+            try:
+                returncode = subprocess.run(self.command, env=env, stdout=handle, stderr=subprocess.STDOUT).returncode
+            except OSError as exc:
+                raise TdiffError(f"cannot run {self.command[0]}: {exc.strerror or exc}") from None
+        update_dump_info(out, exit_code=returncode, seconds=round(time.time() - started, 3))
+        result = TrialResult(name=name, patches=[p.name for p in patches], status=ERROR, dump=str(out),
+                             log=str(log), applied=sorted({e["patch"] for e in read_applied_log(str(applied_log))}))
+        if returncode != 0:
+            result.reason = _failure(log, returncode)
+            return result
+        try:
+            report = compare_dumps(self.baseline, open_dump(out), CompareOptions(tolerance=self.tolerance))
+        except DumpError as exc:
+            result.reason = str(exc)
+            return result
+        _measure(result, report)
+        return result
+
+
+def _measure(result: TrialResult, report: CompareReport) -> None:
+    diverged = [c for c in report.comparisons if c.diverged]
+    result.mismatched = len(diverged)
+    ulps = [c.metrics.max_ulp for c in diverged if c.metrics is not None and c.metrics.max_ulp is not None]
+    result.max_ulp = max(ulps) if ulps else None
+    first = report.first_divergence
+    if first is None:
+        result.status = MATCH
+        return
+    result.status = DIVERGED
+    result.position = report.comparisons.index(first)
+    record = first.record
+    result.first_divergence = {"name": first.name, "module": record.module, "role": record.role,
+                               "step": record.step, "call": record.call, "rank": record.rank,
+                               "status": first.status, "kind": first.kind, "position": result.position}
+
+
+def _failure(log: Path, returncode: int) -> str:
+    ending = f"killed by signal {-returncode}" if returncode < 0 else f"exited with code {returncode}"
+    lines = [line.strip() for line in log.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+    detail = next((line for line in reversed(lines) if line.startswith("tdiff: error:")), lines[-1] if lines else "")
+    return f"the command {ending}" + (f": {detail}" if detail else "")

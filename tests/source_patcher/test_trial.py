@@ -1,0 +1,137 @@
+"""`tdiff patch try` on planted faults in tiny real transformers models: the true fix ranks first
+and the unpatched control still diverges."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import DEMO, REPO, tdiff_cli, tdiff_process
+
+PLANTED = Path(__file__).with_name("planted.py")
+pytestmark = pytest.mark.slow
+
+DEMO_CANDIDATES = """\
+patches:
+  - name: fp32-variance          # the true fix: variance in fp32, as the reference computes it
+    target: examples.demo.run.bf16_rmsnorm_forward
+    edits:
+      - match: "variance = hidden_states.pow(2).mean(-1, keepdim=True)"
+        replacement: |
+          input_dtype = hidden_states.dtype
+          hidden_states = hidden_states.to(torch.float32)
+          variance = hidden_states.pow(2).mean(-1, keepdim=True)
+      - match: "return self.weight * hidden_states"
+        replacement: "return self.weight * hidden_states.to(input_dtype)"
+  - name: fp32-variance-rounded  # half a fix: the variance in fp32, rounded back to bf16
+    target: examples.demo.run.bf16_rmsnorm_forward
+    edits:
+      - match: "variance = hidden_states.pow(2).mean(-1, keepdim=True)"
+        replacement: "variance = hidden_states.float().pow(2).mean(-1, keepdim=True).to(hidden_states.dtype)"
+  - name: mlp-in-fp32            # a wrong guess: changes every layer's MLP
+    target: transformers.models.qwen2.modeling_qwen2.Qwen2MLP.forward
+    edits:
+      - match: "down_proj = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))"
+        replacement: "down_proj = self.down_proj((self.act_fn(self.gate_proj(x).float()) * self.up_proj(x).float()).to(x.dtype))"
+  - name: broken                 # a candidate whose run crashes
+    target: examples.demo.run.bf16_rmsnorm_forward
+    edits:
+      - match: "return self.weight * hidden_states"
+        prepend: "raise RuntimeError('broken candidate')"
+combinations:
+  - [fp32-variance, mlp-in-fp32]
+"""
+
+
+def capture(out: Path, *command, patches: str | None = None, options=()):
+    wrapper = ("patch", "apply", "--config", patches, "--", sys.executable, "-m", "tdiff") if patches else ()
+    result = tdiff_process(*wrapper, "capture", "--out", out, *options, "--", *command, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+
+
+def trial(candidates, baseline: Path, workdir: Path, *command, extra=()):
+    result = tdiff_process("patch", "try", "--candidates", candidates, "--baseline", baseline, "--workdir", workdir,
+                           "--json", *extra, "--", *command, cwd=REPO)
+    assert result.returncode in (0, 1), result.stderr
+    return result.returncode, json.loads(result.stdout)
+
+
+def by_name(report) -> dict:
+    return {c["name"]: c for c in report["candidates"]}
+
+
+def test_the_demos_bf16_rmsnorm_variance_is_fixed_by_the_true_candidate(tmp_path):
+    capture(tmp_path / "a", sys.executable, DEMO, "--layers", "2")
+    candidates = tmp_path / "candidates.yaml"
+    candidates.write_text(DEMO_CANDIDATES)
+    command_b = (sys.executable, "-c", "from examples.demo.run import main; main(['--planted', '--layers', '2'])")
+    code, report = trial(candidates, tmp_path / "a", tmp_path / "work", *command_b)
+    assert code == 0
+    control = report["control"]
+    assert control["status"] == "diverged"
+    assert control["first_divergence"]["module"] == "model.layers.1.post_attention_layernorm"
+    ranked = [c["name"] for c in report["candidates"]]
+    assert ranked[:2] == ["fp32-variance", "fp32-variance-rounded"] and ranked[-1] == "broken"
+    assert report["best"] == "fp32-variance"
+    runs = by_name(report)
+    assert runs["fp32-variance"]["status"] == "match" and runs["fp32-variance"]["mismatched"] == 0
+    assert runs["fp32-variance"]["applied"] == ["fp32-variance"]
+    assert runs["fp32-variance-rounded"]["moved_by"] == 0 and runs["fp32-variance-rounded"]["status"] == "diverged"
+    assert runs["mlp-in-fp32"]["moved_by"] < 0 and runs["fp32-variance+mlp-in-fp32"]["moved_by"] < 0
+    assert runs["broken"]["status"] == "error" and "broken candidate" in runs["broken"]["reason"]
+    for run in report["candidates"]:
+        assert {"name", "status", "first_divergence", "moved_by", "mismatched", "max_ulp"} <= set(run)
+        assert Path(run["dump"]).parent == tmp_path / "work" and Path(run["log"]).is_file()
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("baseline") / "a"
+    capture(out, sys.executable, PLANTED)
+    return out
+
+
+@pytest.mark.parametrize("fault, fix, other, boundary", [
+    ("logsoftmax-bf16", "logsoftmax-fp32", "rope-fp32", "logprobs"),
+    ("rope-bf16", "rope-fp32", "logsoftmax-fp32", "model.rotary_emb["),
+])
+def test_a_planted_fault_is_fixed_by_its_catalogue_entry(tmp_path, baseline, fault, fix, other, boundary):
+    code, report = trial(f"builtin:{other},{fix}", baseline, tmp_path / "work", sys.executable, PLANTED,
+                         "--fault", fault)
+    assert code == 0 and report["best"] == fix
+    assert report["control"]["status"] == "diverged"
+    assert report["control"]["first_divergence"]["name"].startswith(boundary)
+    assert by_name(report)[other]["status"] == "diverged"
+
+
+def test_a_bf16_residual_add_is_fixed_by_the_fp32_residual_contract(tmp_path):
+    # the reference carries its residual stream in fp32; run B adds in bf16 (transformers' default)
+    capture(tmp_path / "a", sys.executable, PLANTED, patches="builtin:residual-fp32")
+    code, report = trial("builtin:rmsnorm-fp32,residual-fp32", tmp_path / "a", tmp_path / "work",
+                         sys.executable, PLANTED)
+    assert code == 0 and report["best"] == "residual-fp32"
+    first = report["control"]["first_divergence"]   # the fp32 sum reaching layer 0's second norm
+    assert first["module"] == "model.layers.0.post_attention_layernorm" and first["role"] == "input"
+
+
+def test_batch_invariant_matmul_makes_a_row_in_a_batch_match_the_row_alone(tmp_path):
+    # fp32 CPU GEMMs pick a different summation order for 1 row than for a batch of rows
+    only_logprobs = ("--select", "^no-module$")
+    capture(tmp_path / "a", sys.executable, PLANTED, "--dtype", "float32", patches="builtin:batch-invariant",
+            options=only_logprobs)
+    code, report = trial("builtin:batch-invariant-mean,batch-invariant-matmul", tmp_path / "a", tmp_path / "work",
+                         sys.executable, PLANTED, "--dtype", "float32", "--batch", "4", extra=only_logprobs)
+    assert code == 0 and report["best"] == "batch-invariant-matmul"
+    assert report["control"]["status"] == "diverged" and by_name(report)["batch-invariant-mean"]["status"] == "diverged"
+
+
+def test_no_candidate_matching_exits_1_and_a_stale_candidate_exits_2(tmp_path, baseline):
+    code, report = trial("builtin:rope-fp32", baseline, tmp_path / "work", sys.executable, PLANTED,
+                         "--fault", "logsoftmax-bf16")
+    assert code == 1 and report["best"] == "rope-fp32" and report["candidates"][0]["status"] == "diverged"
+    stale = tmp_path / "stale.yaml"
+    stale.write_text("patches:\n  - name: gone\n    target: examples.demo.run.bf16_rmsnorm_forward\n"
+                     "    edits:\n      - match: 'no such line'\n        replacement: 'pass'\n")
+    result = tdiff_cli("patch", "try", "--candidates", stale, "--baseline", baseline, "--", "true", expect=2)
+    assert "patch 'gone'" in result.output and "match not found" in result.output

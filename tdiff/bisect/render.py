@@ -41,6 +41,16 @@ def render_bisect(result: BisectResult, console: Console) -> None:
         say(f"  {result.checked:,} events compared ({result.tolerance})")
     if result.graft is not None:
         say(f"graft: {escape(result.graft.description)}")
+    if result.trials is not None:
+        trials = result.trials
+        best = trials.best
+        verdict = (f"[green]{escape(best.name)} closes the gap[/green]" if trials.matched
+                   else f"none closes the gap; closest: {escape(best.name) if best else '-'}")
+        say(f"try: {len(trials.candidates)} candidate fix(es) for kind {result.first_divergence.kind}: {verdict}")
+        for trial in [trials.control, *trials.candidates]:
+            where = trial.first_divergence["name"] if trial.first_divergence else ""
+            say(f"  {escape(trial.name)}: {trial.status}" + (f", first divergence {escape(where)}" if where else "")
+                + (f" ({escape(trial.reason)})" if trial.reason else ""))
     if result.runs is not None:
         log = result.runs
         say(log.summary())

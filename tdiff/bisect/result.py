@@ -100,6 +100,7 @@ class BisectResult:
     runs: Section | None = None
     graft: Section | None = None
     repeats: Section | None = None
+    trials: Section | None = None   # `--try`: candidate fixes for the culprit (tdiff.source_patcher)
 
     @property
     def status(self) -> str:
@@ -114,7 +115,7 @@ class BisectResult:
                "first_divergence": self.first_divergence.to_json() if self.first_divergence else None,
                "checked": self.checked, "trail": [t.to_json() for t in self.trail],
                "tolerance": self.tolerance, "sides": self.sides, "notes": self.notes}
-        for key in ("runs", "graft", "repeats"):
+        for key in ("runs", "graft", "repeats", "trials"):
             section = getattr(self, key)
             if section is not None:
                 out[key] = section.to_json()

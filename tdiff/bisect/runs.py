@@ -65,7 +65,7 @@ class Runner:
 
     def capture(self, side: str, purpose: str, why: str, *, mode: str, select=(), exclude=(),
                 steps: str | None = None, graft: dict | None = None) -> tuple[Run, Dump]:
-        from tdiff.cli.capture import run_captured
+        from tdiff.hooks.run import run_captured
 
         number = self.log.count(side) + 1
         name = f"{side.lower()}{number}-{purpose.replace(' ', '-')}"

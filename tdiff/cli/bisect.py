@@ -25,6 +25,9 @@ GIB = 1 << 30
 @tolerance_options
 @click.option("--graft", is_flag=True, help="Rerun side B with the culprit's inputs taken from side A: "
                                             "does the op differ on identical inputs?")
+@click.option("--try", "try_spec", metavar="builtin|builtin:NAMES|FILE",
+              help="After locating the culprit, rerun side B (--run-b) under candidate fixes and rank them "
+                   "against side A: `builtin` tries the catalogue's entries for the culprit's kind.")
 @click.option("--budget-gb", type=float, metavar="N",
               help="Online: the most tensor data one full capture may store per side (GiB).")
 @click.option("--no-stats-pass", is_flag=True,
@@ -37,7 +40,7 @@ GIB = 1 << 30
 @click.option("--allow-incomplete", is_flag=True, help="Bisect what an incomplete dump holds.")
 @click.option("--mapping", type=click.Path(dir_okay=False), metavar="FILE",
               help="YAML mapping of module paths to canonical boundaries, for models no adapter knows.")
-def bisect(dumps, run_a, run_b, exact, atol, rtol, graft, budget_gb, no_stats_pass, steps, work,
+def bisect(dumps, run_a, run_b, exact, atol, rtol, graft, try_spec, budget_gb, no_stats_pass, steps, work,
            as_json, allow_incomplete, mapping):
     """Name the first op boundary where two runs part, and what kind of op it is.
 
@@ -63,9 +66,11 @@ def bisect(dumps, run_a, run_b, exact, atol, rtol, graft, budget_gb, no_stats_pa
 
     tolerance = tolerance_from(exact, atol, rtol)
     online = run_a is not None and not dumps
-    _check_usage(dumps, run_a, run_b, graft, online, budget_gb, no_stats_pass, steps, work)
+    _check_usage(dumps, run_a, run_b, graft or try_spec is not None, online, budget_gb, no_stats_pass, steps, work)
+    if try_spec is not None and run_b is None:
+        raise TdiffError("--try reruns side B under each candidate: give its command with --run-b")
     progress = make_console(stderr=True)
-    with _work_dir(work, needed=online or graft) as work_dir:
+    with _work_dir(work, needed=online or graft or try_spec is not None) as work_dir:
         if online:
             result, runner, final_a = _online(run_a, run_b, work_dir, tolerance, budget_gb,
                                               no_stats_pass, steps, progress)
@@ -94,6 +99,8 @@ def bisect(dumps, run_a, run_b, exact, atol, rtol, graft, budget_gb, no_stats_pa
             run_graft(runner, final_a, result, tolerance)
             if not online:
                 result.runs = runner.log
+        if try_spec is not None and result.first_divergence is not None:
+            result.trials = _try_fixes(try_spec, result, final_a, run_b, work_dir, tolerance, progress)
         if as_json:
             click.echo(json.dumps(result.to_json(), indent=1))
         else:
@@ -103,7 +110,27 @@ def bisect(dumps, run_a, run_b, exact, atol, rtol, graft, budget_gb, no_stats_pa
     sys.exit(result.exit_code)
 
 
-def _check_usage(dumps, run_a, run_b, graft, online, budget_gb, no_stats_pass, steps, work) -> None:
+def _try_fixes(spec: str, result, dump_a, run_b: str, work_dir: Path, tolerance, progress):
+    """Rank candidate fixes for the culprit: the catalogue's entries for its kind, or those named."""
+    from tdiff.source_patcher.catalogue import candidates_from, entries_for_kind
+    from tdiff.source_patcher.trial import try_candidates
+
+    if dump_a is None:
+        raise TdiffError("--try needs side A's tensors, and no full capture was made")
+    kind = result.first_divergence.kind
+    candidates = entries_for_kind(kind) if spec == "builtin" else candidates_from(spec)
+    if not candidates:
+        raise TdiffError(f"the catalogue has no fix for kind {kind!r}; give your own with --try FILE")
+
+    def report(trial, done, total):
+        progress.print(f"tdiff: try [{done}/{total}] {trial.name}: {trial.status}", highlight=False, markup=False)
+
+    return try_candidates(candidates, dump_a.path, ["/bin/sh", "-c", run_b], workdir=work_dir / "try",
+                          tolerance=tolerance, progress=report)
+
+
+def _check_usage(dumps, run_a, run_b, reruns_b, online, budget_gb, no_stats_pass, steps, work) -> None:
+    """``reruns_b``: --graft or --try, which rerun side B from two dumps."""
     if online:
         if run_b is None:
             raise TdiffError("--run-a needs --run-b: bisect runs both commands")
@@ -115,12 +142,12 @@ def _check_usage(dumps, run_a, run_b, graft, online, budget_gb, no_stats_pass, s
         raise TdiffError("--budget-gb, --no-stats-pass and --steps apply to online bisection (--run-a/--run-b)")
     if budget_gb is not None and not budget_gb > 0:
         raise TdiffError(f"--budget-gb must be a positive number of GiB, not {budget_gb}")
-    if graft and not online and (len(dumps) != 2 or run_b is None):
-        raise TdiffError("--graft on two dumps needs --run-b CMD: the command that reruns side B")
-    if not graft and not online and run_b is not None:
-        raise TdiffError("--run-b without --run-a is only for --graft")
-    if work is not None and not (online or graft):
-        raise TdiffError("--work applies to online bisection and --graft, which run commands")
+    if reruns_b and not online and (len(dumps) != 2 or run_b is None):
+        raise TdiffError("--graft and --try on two dumps need --run-b CMD: the command that reruns side B")
+    if not reruns_b and not online and run_b is not None:
+        raise TdiffError("--run-b without --run-a is only for --graft and --try")
+    if work is not None and not (online or reruns_b):
+        raise TdiffError("--work applies to online bisection, --graft and --try, which run commands")
 
 
 class _work_dir:

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import click
 
-from tdiff.bootstrap import child_environment
 from tdiff.cli.options import parse_size, quiet_option
 from tdiff.errors import TdiffError
+from tdiff.hooks.run import run_captured
 from tdiff.hooks.selection import compile_patterns, parse_ranges
 from tdiff.report.progress import progress_bar
-from tdiff.store.manifest import DUMP_FILE, create_dump, update_dump_info
+from tdiff.store.manifest import DUMP_FILE
 from tdiff.store.reader import open_dump
 from tdiff.store.storage import STORAGES
 
@@ -75,24 +73,6 @@ def capture(out, side, select, exclude, layers, steps, mode, storage, max_pendin
         if returncode != 0:
             # like a shell: a command killed by signal N exits 128 + N
             sys.exit(returncode if returncode > 0 else 128 - returncode)
-
-
-def run_captured(command: list[str], out: Path, config: dict, *, stdout=None, stderr=None) -> int:
-    """Make ``out`` a dump, run ``command`` with capture armed in every Python process it starts
-    (``config``: the options of :class:`tdiff.hooks.capture.Capture`), record how it ended and
-    return its exit status."""
-    create_dump(out, {"side": config["side"], "mode": config["mode"],
-                      "storage": config.get("storage", "safetensors"), "command": list(command)})
-    started = time.time()
-    try:
-        completed = subprocess.run(command, stdout=stdout, stderr=stderr,
-                                   env=child_environment(capture={**config, "out": str(out.resolve())}))
-    except FileNotFoundError:
-        raise TdiffError(f"command not found: {command[0]}") from None
-    except PermissionError:
-        raise TdiffError(f"command is not executable: {command[0]}") from None
-    update_dump_info(out, exit_code=completed.returncode, seconds=round(time.time() - started, 3))
-    return completed.returncode
 
 
 def _ranges_text(text: str | None, what: str) -> str | None:

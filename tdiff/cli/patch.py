@@ -4,6 +4,7 @@ try candidate fixes against a baseline dump (docs/PATCHES.md)."""
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -102,10 +103,16 @@ def check(config, as_json):
 @click.option("--exclude", multiple=True, metavar="REGEX", help="Skip these modules, as for the baseline.")
 @click.option("--layers", metavar="RANGES", help="Capture only these layers, as for the baseline.")
 @click.option("--steps", metavar="RANGES", help="Capture only these steps, as for the baseline.")
+@click.option("--batch-row", type=click.IntRange(min=0), metavar="N",
+              help="Capture only row N of COMMAND_B's batch (see `tdiff capture --batch-row`).")
+@click.option("--rerun-baseline", metavar="CMD_A",
+              help="Also capture side A again under each candidate (CMD_A, split like a shell) and "
+                   "compare with that: for fixes both sides must share, such as batch invariance.")
 @tolerance_options
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @click.argument("command_b", nargs=-1, required=True, type=click.UNPROCESSED)
-def try_(candidates, baseline, workdir, select, exclude, layers, steps, exact, atol, rtol, as_json, command_b):
+def try_(candidates, baseline, workdir, select, exclude, layers, steps, batch_row, rerun_baseline, exact, atol,
+         rtol, as_json, command_b):
     """Run COMMAND_B once unpatched and once per candidate; rank the candidates against DUMP_A.
 
     \b
@@ -136,7 +143,8 @@ def try_(candidates, baseline, workdir, select, exclude, layers, steps, exact, a
                       + (f" ({result.reason})" if result.reason else ""), highlight=False, markup=False)
 
     report = try_candidates(chosen, baseline, list(command_b), workdir=workdir, tolerance=tolerance,
-                            selection=CaptureSelection(list(select), list(exclude), layers, steps),
+                            selection=CaptureSelection(list(select), list(exclude), layers, steps, batch_row),
+                            baseline_command=shlex.split(rerun_baseline) if rerun_baseline else None,
                             progress=progress)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=1))

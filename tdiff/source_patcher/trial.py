@@ -16,18 +16,17 @@ import math
 import re
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tdiff.bootstrap import child_environment
+from tdiff.align import choose_pairing
 from tdiff.compare.engine import CompareOptions, CompareReport, compare_dumps
 from tdiff.compare.metrics import EXACT, Tolerance
 from tdiff.errors import DumpError, TdiffError
+from tdiff.hooks.run import run_captured
 from tdiff.source_patcher.bootstrap import child_config, read_applied_log
 from tdiff.source_patcher.spec import Candidate
-from tdiff.store.manifest import create_dump, update_dump_info
 from tdiff.store.reader import Dump, open_dump
 
 MATCH, DIVERGED, ERROR = "match", "diverged", "error"
@@ -92,13 +91,20 @@ class CaptureSelection:
     exclude: list[str] = field(default_factory=list)
     layers: str | None = None
     steps: str | None = None
+    batch_row: int | None = None      # command B's runs only (one sequence of its batch)
 
 
 def try_candidates(candidates: list[Candidate], baseline: str | Path, command: list[str], *,
                    workdir: str | Path | None = None, tolerance: Tolerance = EXACT,
-                   selection: CaptureSelection | None = None,
+                   selection: CaptureSelection | None = None, baseline_command: list[str] | None = None,
                    progress: Callable[[TrialResult, int, int], None] | None = None) -> TrialReport:
-    """Run ``command`` unpatched and under each candidate; compare every run with ``baseline``."""
+    """Run ``command`` unpatched and under each candidate; compare every run with ``baseline``.
+
+    With ``baseline_command``, side A is captured again under each candidate too, and each
+    candidate's run of B is compared with that: for fixes both sides must share (batch
+    invariance: the same op overrides on the lone sequence and on the batch). The control still
+    compares with ``baseline``.
+    """
     if not candidates:
         raise TdiffError("no candidates to try")
     names = [c.name for c in candidates]
@@ -106,7 +112,8 @@ def try_candidates(candidates: list[Candidate], baseline: str | Path, command: l
         raise TdiffError(f"candidate {next(n for n in names if names.count(n) > 1)!r} is listed twice")
     base = open_dump(baseline)
     work = _workdir(workdir)
-    runner = _Runner(base, list(command), work, tolerance, selection or CaptureSelection())
+    runner = _Runner(base, list(command), work, tolerance, selection or CaptureSelection(),
+                     list(baseline_command) if baseline_command else None)
     total = len(candidates) + 1
     control = runner.run(0, CONTROL, [])
     if progress is not None:
@@ -149,41 +156,51 @@ def _workdir(workdir: str | Path | None) -> Path:
 
 class _Runner:
     def __init__(self, baseline: Dump, command: list[str], workdir: Path, tolerance: Tolerance,
-                 selection: CaptureSelection):
+                 selection: CaptureSelection, baseline_command: list[str] | None):
         self.baseline, self.command, self.workdir = baseline, command, workdir
-        self.tolerance, self.selection = tolerance, selection
+        self.tolerance, self.selection, self.baseline_command = tolerance, selection, baseline_command
 
     def run(self, index: int, name: str, patches: list) -> TrialResult:
         stem = f"{index:02d}-{re.sub(r'[^A-Za-z0-9._+-]', '_', name)}"
-        out, log, applied_log = (self.workdir / stem, self.workdir / f"{stem}.log",
-                                 self.workdir / f"{stem}.applied.jsonl")
-        mode, storage = self.baseline.info.get("mode", "full"), self.baseline.info.get("storage", "safetensors")
-        create_dump(out, {"side": name, "mode": mode, "storage": storage, "command": self.command})
-        capture = {"out": str(out.resolve()), "side": name, "select": self.selection.select,
-                   "exclude": self.selection.exclude, "layers": self.selection.layers,
-                   "steps": self.selection.steps, "mode": mode, "storage": storage,
-                   "max_pending_bytes": MAX_PENDING_BYTES}
-        env = child_environment(capture=capture,
-                                patches=child_config(patches, applied_log=str(applied_log.resolve())))
-        started = time.time()
-        with open(log, "w", encoding="utf-8") as handle:
-            try:
-                returncode = subprocess.run(self.command, env=env, stdout=handle, stderr=subprocess.STDOUT).returncode
-            except OSError as exc:
-                raise TdiffError(f"cannot run {self.command[0]}: {exc.strerror or exc}") from None
-        update_dump_info(out, exit_code=returncode, seconds=round(time.time() - started, 3))
+        out, log = self.workdir / stem, self.workdir / f"{stem}.log"
+        applied_log = self.workdir / f"{stem}.applied.jsonl"
+        baseline = self.baseline
+        patches_config = child_config(patches, applied_log=str(applied_log.resolve()))
         result = TrialResult(name=name, patches=[p.name for p in patches], status=ERROR, dump=str(out),
-                             log=str(log), applied=sorted({e["patch"] for e in read_applied_log(str(applied_log))}))
+                             log=str(log))
+        if self.baseline_command is not None and patches:
+            baseline_out = self.workdir / f"{stem}.baseline"
+            returncode = self._capture(self.baseline_command, baseline_out, f"{name} (A)", patches_config,
+                                       self.workdir / f"{stem}.baseline.log", batch_row=None)
+            if returncode != 0:
+                result.reason = "side A: " + _failure(self.workdir / f"{stem}.baseline.log", returncode)
+                return result
+            baseline = open_dump(baseline_out)
+        returncode = self._capture(self.command, out, name, patches_config, log,
+                                   batch_row=self.selection.batch_row)
+        result.applied = sorted({e["patch"] for e in read_applied_log(str(applied_log))})
         if returncode != 0:
             result.reason = _failure(log, returncode)
             return result
         try:
-            report = compare_dumps(self.baseline, open_dump(out), CompareOptions(tolerance=self.tolerance))
+            dump = open_dump(out)
+            report = compare_dumps(baseline, dump, CompareOptions(tolerance=self.tolerance),
+                                   pairing=choose_pairing(baseline, dump))
         except DumpError as exc:
             result.reason = str(exc)
             return result
         _measure(result, report)
         return result
+
+    def _capture(self, command: list[str], out: Path, side: str, patches: dict, log: Path, *,
+                 batch_row: int | None) -> int:
+        mode = self.baseline.info.get("mode", "full")
+        storage = self.baseline.info.get("storage", "safetensors")
+        config = {"side": side, "select": self.selection.select, "exclude": self.selection.exclude,
+                  "layers": self.selection.layers, "steps": self.selection.steps, "mode": mode,
+                  "storage": storage, "max_pending_bytes": MAX_PENDING_BYTES, "batch_row": batch_row}
+        with open(log, "w", encoding="utf-8") as handle:
+            return run_captured(command, out, config, patches=patches, stdout=handle, stderr=subprocess.STDOUT)
 
 
 def _measure(result: TrialResult, report: CompareReport) -> None:

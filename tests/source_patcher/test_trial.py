@@ -126,6 +126,25 @@ def test_batch_invariant_matmul_makes_a_row_in_a_batch_match_the_row_alone(tmp_p
     assert report["control"]["status"] == "diverged" and by_name(report)["batch-invariant-mean"]["status"] == "diverged"
 
 
+def test_a_shared_fix_reruns_side_a_and_compares_every_module_of_the_batch_row(tmp_path):
+    # the baseline is the lone row, unpatched; each candidate runs on both sides (--rerun-baseline)
+    # and only row 0 of the batched run is captured (--batch-row), so every module is compared.
+    # (On this CPU a row scored inside a batch of 4 equals the row alone, bit for bit, so the
+    # control matches too; on a GPU it does not: docs/GPU.md.)
+    from tdiff.store import open_dump
+
+    alone = (sys.executable, str(PLANTED), "--dtype", "float32")
+    capture(tmp_path / "a", *alone)
+    code, report = trial("builtin:batch-invariant-matmul", tmp_path / "a", tmp_path / "work", *alone, "--batch", "4",
+                         extra=("--batch-row", "0", "--rerun-baseline", " ".join(alone)))
+    assert code == 0 and report["control"]["status"] == "match"
+    (candidate,) = report["candidates"]
+    assert candidate["status"] == "match" and candidate["applied"] == ["batch-invariant-matmul.aten"]
+    side_a, side_b = open_dump(candidate["dump"] + ".baseline"), open_dump(candidate["dump"])
+    assert [(r.name, r.shape) for r in side_a.records] == [(r.name, r.shape) for r in side_b.records]
+    assert side_b.records[0].shape[0] == 1 and len(side_b.records) > 50
+
+
 def test_no_candidate_matching_exits_1_and_a_stale_candidate_exits_2(tmp_path, baseline):
     code, report = trial("builtin:rope-fp32", baseline, tmp_path / "work", sys.executable, PLANTED,
                          "--fault", "logsoftmax-bf16")
@@ -135,3 +154,17 @@ def test_no_candidate_matching_exits_1_and_a_stale_candidate_exits_2(tmp_path, b
                      "    edits:\n      - match: 'no such line'\n        replacement: 'pass'\n")
     result = tdiff_cli("patch", "try", "--candidates", stale, "--baseline", baseline, "--", "true", expect=2)
     assert "patch 'gone'" in result.output and "match not found" in result.output
+
+
+def test_bisect_try_builtin_trials_the_catalogue_entries_for_the_culprits_kind(tmp_path):
+    capture(tmp_path / "a", sys.executable, PLANTED)
+    capture(tmp_path / "b", sys.executable, PLANTED, "--fault", "logsoftmax-bf16")
+    result = tdiff_process("bisect", tmp_path / "a", tmp_path / "b", "--json", "--try", "builtin",
+                           "--run-b", f"{sys.executable} {PLANTED} --fault logsoftmax-bf16", cwd=REPO)
+    assert result.returncode == 1, result.stderr
+    found = json.loads(result.stdout)
+    assert found["first_divergence"]["kind"] == "logprobs"
+    trials = found["trials"]
+    assert trials["best"] == "logsoftmax-fp32" and trials["control"]["status"] == "diverged"
+    assert by_name(trials)["logsoftmax-fp32"]["status"] == "match"
+    assert "logsoftmax-fp32" in result.stderr  # progress, one line per run

@@ -74,7 +74,8 @@ def build_gpt(config, *, vocab: int = 128, max_sequence: int = 64, qk_layernorm:
 def gpt_forward(model, input_ids: torch.Tensor) -> torch.Tensor:
     """Causal forward of [batch, seq] token ids; returns logits [batch, seq, vocab]."""
     batch, seq = input_ids.shape
-    positions = torch.arange(seq).unsqueeze(0).expand(batch, seq)
-    mask = torch.ones(seq, seq, dtype=torch.bool).tril().logical_not().view(1, 1, seq, seq)
+    device = input_ids.device
+    positions = torch.arange(seq, device=device).unsqueeze(0).expand(batch, seq)
+    mask = torch.ones(seq, seq, dtype=torch.bool, device=device).tril().logical_not().view(1, 1, seq, seq)
     with torch.no_grad():
         return model(input_ids=input_ids, position_ids=positions, attention_mask=mask)

@@ -87,6 +87,7 @@ class Capture:
         self._local = threading.local()
         self._aliases: dict[int, tuple] = {}
         self._rank: int | None = None
+        self._rank_known = False   # torch.distributed gave it: it cannot change any more
         self._summaries = Summarizer()
         self._forward_restore = None
         self._graft = None
@@ -169,6 +170,8 @@ class Capture:
         if parent is None and not self._manual_steps and id(module) in self._top_level_done:
             self.advance_step(manual=False)
         path = self._paths.path_of(module, (parent.module, parent.path) if parent else None)
+        if parent is None and not self._rank_known:
+            self._rank = None  # torch.distributed may have started since the last outermost call
         if parent is None and self.batch_row is not None:
             self._batch_size = _batch_size(args, kwargs)
             if self._batch_size and self.batch_row >= self._batch_size:
@@ -222,7 +225,8 @@ class Capture:
             tensor = tensor[self.batch_row:self.batch_row + 1]
         if tensor.is_quantized:
             tensor = tensor.int_repr()
-        tensor = tensor.resolve_conj().resolve_neg()
+        if tensor.is_conj() or tensor.is_neg():
+            tensor = tensor.resolve_conj().resolve_neg()
         record = Record(
             seq=seq, name=name, module=module_path, role=role, step=self.step_index, call=call,
             rank=self._current_rank(), dtype=dtype_name(tensor.dtype), shape=tuple(tensor.shape),
@@ -252,11 +256,15 @@ class Capture:
         return None
 
     def _current_rank(self) -> int:
+        """torch.distributed's rank once it is initialised (then fixed), before that $RANK.
+
+        Looked up once per outermost call, not per tensor."""
         if self._rank is None:
-            if torch.distributed.is_available() and torch.distributed.is_initialized():
-                self._rank = torch.distributed.get_rank()
+            dist = torch.distributed
+            if dist.is_available() and dist.is_initialized():
+                self._rank, self._rank_known = dist.get_rank(), True
             else:
-                return int(os.environ.get("RANK", 0))
+                self._rank = int(os.environ.get("RANK", 0))
         return self._rank
 
     # ---- engines that call model.forward() directly ----

@@ -15,8 +15,8 @@ import threading
 import torch
 
 from tdiff.store.dtypes import to_bytes_view
-from tdiff.store.fingerprint import stats_dict, tensor_stats, wsum64_fingerprint_tensor, wsum64_format, \
-    xxh3_fingerprint
+from tdiff.store.fingerprint import host_stats, stats_dict, tensor_stats, wsum64_fingerprint_tensor, \
+    wsum64_format, xxh3_fingerprint
 
 _BATCH = 512  # summaries copied to the host together
 
@@ -24,7 +24,7 @@ _BATCH = 512  # summaries copied to the host together
 class Summary:
     """Statistics and fingerprint of one tensor; ``resolve`` may wait for the device."""
 
-    def __init__(self, stats: torch.Tensor, fingerprint: str):
+    def __init__(self, stats: list[float] | torch.Tensor, fingerprint: str):
         self._stats, self._fingerprint = stats, fingerprint
 
     def resolve(self, record) -> tuple[dict, str]:
@@ -77,7 +77,7 @@ class Summarizer:
 
     def summarize(self, tensor: torch.Tensor) -> Summary:
         if tensor.device.type == "cpu":
-            return Summary(tensor_stats(tensor), xxh3_fingerprint(tensor))
+            return Summary(host_stats(tensor), xxh3_fingerprint(tensor))
         if tensor.device.type != "cuda":
             packed = _packed_summary(tensor).cpu()
             return _resolved(packed, tensor)

@@ -20,6 +20,7 @@ Examples:
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
 import xxhash
@@ -91,29 +92,66 @@ def tensor_stats(tensor: torch.Tensor) -> torch.Tensor:
 
     NaN is left out of min, max and the means; +-inf counts in min and max only.
     """
-    t = tensor.detach()
-    if t.is_quantized:
-        t = t.int_repr()
-    if t.is_complex():
-        t = torch.view_as_real(t)
-    if t.numel() == 0:
-        return torch.tensor([math.nan, math.nan, math.nan, math.nan, 0, 0], dtype=torch.float64)
-    if not t.is_floating_point() or t.dtype.itemsize == 1:  # integers, bool and float8
-        try:
-            t = t.to(torch.float32 if t.dtype.itemsize < 4 else torch.float64)
-        except (RuntimeError, TypeError):  # bit containers (bits8, int1, uint4 ...) have no values
-            return torch.tensor([math.nan] * 4 + [0, 0], dtype=torch.float64)
-    # float32 accumulation (cascade-summed by torch) is ten times faster than float64 on CPU
-    # and plenty for diagnostics; float64 tensors keep float64
+    if tensor.device.type == "cpu":
+        return torch.tensor(host_stats(tensor), dtype=torch.float64)
+    t = _numeric(tensor)
+    if t is None:
+        return torch.tensor(_NO_VALUES, dtype=torch.float64, device=tensor.device)
     acc = torch.float64 if t.dtype == torch.float64 else torch.float32
     total = t.sum(dtype=acc).double()
     abs_total = t.abs().sum(dtype=acc).double()
     lo, hi = torch.aminmax(t)
     stats = torch.stack([lo.double(), hi.double(), total / t.numel(), abs_total / t.numel(),
                          total.new_zeros(()), total.new_zeros(())])
-    if t.device.type == "cpu" and math.isfinite(float(total)):
-        return stats  # the fast path: no NaN or inf present
     return torch.where(torch.isfinite(total), stats, _nonfinite_stats(t))
+
+
+def host_stats(tensor: torch.Tensor) -> list[float]:
+    """:func:`tensor_stats` of a CPU tensor, as Python floats: no small tensors to build, and the
+    absolute values go to a reused buffer instead of freshly faulted-in memory."""
+    t = _numeric(tensor)
+    if t is None:
+        return list(_NO_VALUES)
+    # float32 accumulation (cascade-summed by torch) is ten times faster than float64 on CPU
+    # and plenty for diagnostics; float64 tensors keep float64
+    acc = torch.float64 if t.dtype == torch.float64 else torch.float32
+    total = float(t.sum(dtype=acc))
+    if not math.isfinite(total):
+        return _nonfinite_stats(t).tolist()
+    magnitudes = torch.abs(t, out=_scratch(t)) if t.is_contiguous() else t.abs()
+    abs_total = float(magnitudes.sum(dtype=acc))
+    lo, hi = torch.aminmax(t)
+    return [float(lo), float(hi), total / t.numel(), abs_total / t.numel(), 0, 0]
+
+
+_NO_VALUES = (math.nan, math.nan, math.nan, math.nan, 0, 0)
+_scratch_buffers = threading.local()
+
+
+def _scratch(t: torch.Tensor) -> torch.Tensor:
+    """A per-thread buffer shaped like ``t`` (grown as needed, kept for the next tensor)."""
+    buffers = _scratch_buffers.__dict__
+    buffer = buffers.get(t.dtype)
+    if buffer is None or buffer.numel() < t.numel():
+        buffer = buffers[t.dtype] = torch.empty(t.numel(), dtype=t.dtype)
+    return buffer[:t.numel()].view(t.shape)
+
+
+def _numeric(tensor: torch.Tensor) -> torch.Tensor | None:
+    """The tensor as floats to summarise, or None when it has no values (empty, bit containers)."""
+    t = tensor.detach()
+    if t.is_quantized:
+        t = t.int_repr()
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    if t.numel() == 0:
+        return None
+    if not t.is_floating_point() or t.dtype.itemsize == 1:  # integers, bool and float8
+        try:
+            t = t.to(torch.float32 if t.dtype.itemsize < 4 else torch.float64)
+        except (RuntimeError, TypeError):  # bit containers (bits8, int1, uint4 ...) have no values
+            return None
+    return t
 
 
 def _nonfinite_stats(t: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ once on stderr, drops what it holds, lets the model run on, and ends the manifes
 from __future__ import annotations
 
 import dataclasses
+import os
 import queue
 import sys
 import threading
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from tdiff.store.fingerprint import stats_dict, tensor_stats, xxh3_fingerprint
+from tdiff.store.fingerprint import host_stats, stats_dict, xxh3_fingerprint
 from tdiff.store.manifest import DATA_DIR, ManifestJournal
 from tdiff.store.record import Record
 from tdiff.store.storage import storage_for
@@ -106,6 +107,7 @@ class DumpWriter:
 
     # ---- the writer thread ----
     def _run(self) -> None:
+        _yield_to_the_model()
         while True:
             item = self._queue.get()
             if item is _STOP:
@@ -136,7 +138,7 @@ class DumpWriter:
                                          file=original.file, key=original.key)
         elif data is not None:
             key = f"t{record.seq}"
-            record = dataclasses.replace(record, stats=stats_dict(tensor_stats(data)),
+            record = dataclasses.replace(record, stats=stats_dict(host_stats(data)),
                                          fingerprint=xxh3_fingerprint(data), file=self._shard_name(), key=key)
             self._shard[key] = data
             self._shard_bytes += item.nbytes
@@ -181,6 +183,15 @@ class DumpWriter:
     @staticmethod
     def _report(message: str) -> None:
         print(f"tdiff: {message}", file=sys.stderr, flush=True)
+
+
+def _yield_to_the_model() -> None:
+    """Lower this thread's scheduling priority (Linux schedules threads one by one): the model's
+    own threads keep the cores, and writing goes on in the time they leave."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):
+        pass  # not Linux, or not allowed: the writer runs at normal priority
 
 
 def _reason(exc: Exception) -> str:

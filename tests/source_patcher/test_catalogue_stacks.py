@@ -10,13 +10,12 @@ import pytest
 
 from tests.helpers import REPO
 
-SCRIPT = Path(__file__).with_name("stack_numerics.py")
 pytestmark = pytest.mark.slow
 
 
 def changed_modules(framework: str, out: Path) -> dict:
-    result = subprocess.run([sys.executable, SCRIPT, framework, out], capture_output=True, text=True, cwd=REPO,
-                            timeout=600)
+    result = subprocess.run([sys.executable, "-m", "tests.source_patcher.stack_numerics", framework, out],
+                            capture_output=True, text=True, cwd=REPO, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.splitlines()[-1])
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
+
+from tests.stacks import free_port
 
 
 def init_megatron(tensor_parallel: int = 1, *, rank: int = 0, world_size: int = 1,
@@ -14,9 +14,10 @@ def init_megatron(tensor_parallel: int = 1, *, rank: int = 0, world_size: int = 
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(port or 29500 + os.getpid() % 1000))
-        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        # ranks started by torchrun meet at its MASTER_PORT; a lone process takes a free port and
+        # leaves the environment alone (a port exported here would follow every subprocess)
+        init = "env://" if world_size > 1 else f"tcp://127.0.0.1:{port or free_port()}"
+        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world_size)
     # Megatron asks torch.cuda for the current device in RoPE, linear layers and attention
     torch.cuda.current_device = lambda: "cpu"
     from megatron.core import parallel_state

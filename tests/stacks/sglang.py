@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
-import os
 import sys
 import types
 
 import torch
 import torch.nn.functional as F
+
+from tests.stacks import free_port
 
 
 class _Anything:
@@ -81,15 +82,13 @@ def init_sglang(port: int | None = None) -> None:
         return
     install_import_shims()
 
-    for key, value in dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port or 29600 + os.getpid() % 1000),
-                           RANK="0", WORLD_SIZE="1", LOCAL_RANK="0").items():
-        os.environ.setdefault(key, value)
     from sglang.srt.distributed import parallel_state
     from sglang.srt.distributed.parallel_state import init_distributed_environment, initialize_model_parallel
     from sglang.srt.runtime_context import SpawnRanks, get_parallel, publish, reset_context
     from sglang.srt.server_args import ServerArgs
 
-    init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo")
+    init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                 distributed_init_method=f"tcp://127.0.0.1:{port or free_port()}")
     reset_context()
     publish(ServerArgs(model_path="dummy", tp_size=1, ep_size=1, pp_size=1, device="cpu"),
             role="test", ranks=SpawnRanks(world_rank=0))

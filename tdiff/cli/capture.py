@@ -13,7 +13,7 @@ from tdiff.errors import TdiffError
 from tdiff.hooks.run import run_captured
 from tdiff.hooks.selection import compile_patterns, parse_ranges
 from tdiff.report.progress import progress_bar
-from tdiff.store.manifest import DUMP_FILE
+from tdiff.store.manifest import DUMP_FILE, describe_exit
 from tdiff.store.reader import open_dump
 from tdiff.store.storage import STORAGES
 
@@ -100,7 +100,7 @@ def _summarize(out: Path, returncode: int, quiet: bool) -> None:
             dump = open_dump(out, allow_incomplete=True)
     except DumpError as exc:
         if returncode != 0:
-            click.echo(f"tdiff: the command {_ending(returncode)} and nothing was captured", err=True)
+            click.echo(f"tdiff: the command {describe_exit(returncode)} and nothing was captured", err=True)
             return
         raise TdiffError(f"{exc}. Is the command running a torch model in Python?") from None
     processes = len(dump.parts)
@@ -110,7 +110,3 @@ def _summarize(out: Path, returncode: int, quiet: bool) -> None:
                    f"or as statistics) from {processes} process(es) into {out}", err=True)
     for problem in dump.problems:
         click.echo(f"tdiff: warning: the dump is incomplete: {problem}", err=True)
-
-
-def _ending(returncode: int) -> str:
-    return f"was killed by signal {-returncode}" if returncode < 0 else f"exited with code {returncode}"

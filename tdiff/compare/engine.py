@@ -121,7 +121,8 @@ def compare_dumps(a: Dump, b: Dump, options: CompareOptions | None = None, *,
                   progress: Callable[[int, int], None] | None = None) -> CompareReport:
     options = options or CompareOptions()
     pairing = pairing or NamePairing()
-    pairs = [p for p in pairing.pair(a, b) if _wanted(p, options)]
+    select = compile_patterns(options.select, "--select")
+    pairs = [p for p in pairing.pair(a, b) if _wanted(p, options, select)]
     if not pairs:
         raise TdiffError(_nothing_to_compare(options))
     comparator = PairComparator(a, b, options.tolerance)
@@ -168,13 +169,12 @@ class _MemoryBudget:
                 self._changed.notify_all()
 
 
-def _wanted(pair: Pair, options: CompareOptions) -> bool:
+def _wanted(pair: Pair, options: CompareOptions, select: tuple) -> bool:
     record = pair.record
     layer = layer_of(pair.name) if pair.kind is not None else layer_of(record.module)
     if options.layer is not None and (record.role == "explicit" or layer != options.layer):
         return False
-    patterns = compile_patterns(options.select, "--select")
-    return not patterns or any(p.search(pair.name) for p in patterns)
+    return not select or any(p.search(pair.name) for p in select)
 
 
 def _nothing_to_compare(options: CompareOptions) -> str:

@@ -27,6 +27,7 @@ from tdiff.errors import DumpError, TdiffError
 from tdiff.hooks.run import run_captured
 from tdiff.source_patcher.bootstrap import child_config, read_applied_log
 from tdiff.source_patcher.spec import Candidate
+from tdiff.store.manifest import describe_exit
 from tdiff.store.reader import Dump, open_dump
 
 MATCH, DIVERGED, ERROR = "match", "diverged", "error"
@@ -221,7 +222,6 @@ def _measure(result: TrialResult, report: CompareReport) -> None:
 
 
 def _failure(log: Path, returncode: int) -> str:
-    ending = f"killed by signal {-returncode}" if returncode < 0 else f"exited with code {returncode}"
     lines = [line.strip() for line in log.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
     detail = next((line for line in reversed(lines) if line.startswith("tdiff: error:")), lines[-1] if lines else "")
-    return f"the command {ending}" + (f": {detail}" if detail else "")
+    return f"the command {describe_exit(returncode)}" + (f": {detail}" if detail else "")

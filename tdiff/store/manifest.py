@@ -80,6 +80,11 @@ def create_dump(root: Path, info: dict) -> None:
         raise DumpError(f"cannot create dump directory {root}: {exc.strerror}") from None
 
 
+def describe_exit(returncode: int) -> str:
+    """How a command ended, as the dump's exit_code records it (negative: killed by a signal)."""
+    return f"was killed by signal {-returncode}" if returncode < 0 else f"exited with code {returncode}"
+
+
 def update_dump_info(root: Path, **info) -> None:
     path = root / DUMP_FILE
     data = json.loads(path.read_text())

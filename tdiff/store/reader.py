@@ -15,7 +15,7 @@ import torch
 
 from tdiff.store.dtypes import from_bytes_view, to_bytes_view
 from tdiff.store.fingerprint import fingerprint_algorithm, xxh3_fingerprint
-from tdiff.store.manifest import DATA_DIR, DUMP_FILE, MANIFEST_DIR, Part, check_format, read_part
+from tdiff.store.manifest import DATA_DIR, DUMP_FILE, MANIFEST_DIR, Part, check_format, describe_exit, read_part
 from tdiff.store.record import Record
 from tdiff.store.sglang_dumper import find_dumper_dir, open_dumper_dump
 from tdiff.store.storage import storage_for_file
@@ -88,8 +88,7 @@ def open_dump(path: str | Path, *, allow_incomplete: bool = False) -> Dump:
     problems = [part.problem for part in parts if part.problem]
     exit_code = info.get("exit_code")
     if exit_code not in (None, 0):
-        ending = f"was killed by signal {-exit_code}" if isinstance(exit_code, int) and exit_code < 0 \
-            else f"exited with code {exit_code}"
+        ending = describe_exit(exit_code) if isinstance(exit_code, int) else f"exited with code {exit_code}"
         problems.append(f"the captured command {ending}")
 
     records = [record for part in parts for record in sorted(part.records, key=lambda r: r.seq)]

@@ -50,5 +50,23 @@ def fresh_dir(path: Path) -> Path:
     return path
 
 
+def save_every_tensor(model, out: Path) -> list:
+    """Forward hooks that torch.save every input and output tensor of every module, one file each
+    (copied to the host first): the naive dumper both capture benchmarks measure against."""
+    counter = iter(range(1 << 30))
+
+    def save(value):
+        if isinstance(value, torch.Tensor):
+            torch.save(value.detach().cpu(), out / f"{next(counter)}.pt")
+        elif isinstance(value, (tuple, list)):
+            for item in value:
+                save(item)
+
+    def hook(module, args, kwargs, output):
+        save(args), save(list(kwargs.values())), save(output)
+
+    return [m.register_forward_hook(hook, with_kwargs=True) for m in model.modules()]
+
+
 def machine() -> str:
     return f"{os.cpu_count()} CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from _common import dir_bytes, fresh_dir, input_ids, machine, median, qwen2_model, timed
+from _common import dir_bytes, fresh_dir, save_every_tensor, input_ids, machine, median, qwen2_model, timed
 
 TARGET_STATS = 1.15
 TARGET_FULL_SHARE = 1 / 3
@@ -65,19 +65,7 @@ def run_sglang_dumper(model, ids, work):
 
 def run_torch_save_hook(model, ids, work):
     out = fresh_dir(work / "hook")
-    counter = iter(range(1 << 30))
-
-    def save(value):
-        if isinstance(value, torch.Tensor):
-            torch.save(value.detach(), out / f"{next(counter)}.pt")
-        elif isinstance(value, (tuple, list)):
-            for item in value:
-                save(item)
-
-    def hook(module, args, kwargs, output):
-        save(args), save(list(kwargs.values())), save(output)
-
-    handles = [m.register_forward_hook(hook, with_kwargs=True) for m in model.modules()]
+    handles = save_every_tensor(model, out)
     try:
         forward = timed(lambda: model(ids))
     finally:

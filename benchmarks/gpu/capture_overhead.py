@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_common (it adds the repo)
+
+from _common import fresh_dir, median, save_every_tensor  # noqa: E402
 
 TARGETS = {"tdiff stats": 1.1, "tdiff full": 2.0}
 
@@ -51,11 +52,6 @@ def cuda_timed(fn) -> float:
     return max(start.elapsed_time(end) / 1e3, time.perf_counter() - wall)
 
 
-def fresh(path: Path) -> Path:
-    shutil.rmtree(path, ignore_errors=True)
-    return path
-
-
 def plain(model, ids, work):
     return {"forward": cuda_timed(lambda: model(ids))}
 
@@ -64,7 +60,7 @@ def tdiff_mode(mode, select=()):
     def run(model, ids, work):
         import tdiff
 
-        capture = tdiff.capture(fresh(work / f"tdiff-{mode}"), mode=mode, select=select).start()
+        capture = tdiff.capture(fresh_dir(work / f"tdiff-{mode}"), mode=mode, select=select).start()
         forward = cuda_timed(lambda: model(ids))
         drained = time.perf_counter()
         capture.stop()
@@ -74,21 +70,8 @@ def tdiff_mode(mode, select=()):
 
 
 def sync_save(model, ids, work):
-    out = fresh(work / "sync")
-    out.mkdir(parents=True)
-    counter = iter(range(1 << 30))
-
-    def save(value):
-        if isinstance(value, torch.Tensor):
-            torch.save(value.detach().cpu(), out / f"{next(counter)}.pt")
-        elif isinstance(value, (tuple, list)):
-            for item in value:
-                save(item)
-
-    def hook(module, args, kwargs, output):
-        save(args), save(list(kwargs.values())), save(output)
-
-    handles = [m.register_forward_hook(hook, with_kwargs=True) for m in model.modules()]
+    out = fresh_dir(work / "sync")
+    handles = save_every_tensor(model, out)
     try:
         forward = cuda_timed(lambda: model(ids))
     finally:
@@ -111,7 +94,7 @@ def measure(model, batch: int, tokens: int, rounds: int, work: Path) -> dict:
         for _ in range(rounds):
             for name, run in VARIANTS.items():
                 results[name].append(run(model, ids, work))
-    return {name: {key: statistics.median(r[key] for r in rows) for key in rows[0]}
+    return {name: {key: median(r[key] for r in rows) for key in rows[0]}
             for name, rows in results.items()}
 
 

@@ -11,7 +11,7 @@ Both also cover dtype and shape. Fingerprints of different algorithms are not co
 :func:`fingerprint_as` recomputes one algorithm from stored data when the two sides differ.
 
 Examples:
-    >>> fingerprint(torch.zeros(4))
+    >>> xxh3_fingerprint(torch.zeros(4))
     'xxh3:...'
     >>> stats_dict(tensor_stats(torch.tensor([1.0, -3.0, float("nan")])))
     {'min': -3.0, 'max': 1.0, 'mean': -1.0, 'abs_mean': 2.0, 'nan': 1, 'inf': 0}
@@ -65,13 +65,6 @@ def wsum64_format(digest: int, dtype: str, shape) -> str:
 
 def wsum64_fingerprint(tensor: torch.Tensor) -> str:
     return wsum64_format(int(wsum64_fingerprint_tensor(tensor)), dtype_name(tensor.dtype), tensor.shape)
-
-
-def fingerprint(tensor: torch.Tensor) -> str:
-    """The fingerprint the capture uses for this tensor: xxh3 on the host, wsum64 elsewhere."""
-    if tensor.device.type == "cpu":
-        return xxh3_fingerprint(tensor)
-    return wsum64_fingerprint(tensor)
 
 
 def fingerprint_algorithm(value: str | None) -> str | None:

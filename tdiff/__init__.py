@@ -11,11 +11,12 @@ the capture API is loaded on first use.
 from tdiff.errors import DumpError, TdiffError
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "capture", "dump", "step", "TdiffError", "DumpError"]
+_CAPTURE_API = ("capture", "dump", "step", "warmup", "graph_rows", "graph_replayed")
+__all__ = ["__version__", *_CAPTURE_API, "TdiffError", "DumpError"]
 
 
 def __getattr__(name):
-    if name in ("capture", "dump", "step"):
+    if name in _CAPTURE_API:
         from tdiff import hooks
 
         return getattr(hooks, name)

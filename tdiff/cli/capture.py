@@ -35,14 +35,17 @@ from tdiff.store.storage import STORAGES
 @click.option("--batch-row", type=click.IntRange(min=0), metavar="N",
               help="Record only row N of tensors whose leading dimension is the batch size (one "
                    "sequence of a batch, to compare with it scored alone).")
+@click.option("--graph-budget", default="1GiB", show_default=True, metavar="SIZE",
+              help="GPU memory for the static buffers that record tensors inside CUDA graphs; past "
+                   "it, the rest of a graph is recorded as statistics (see docs/GPU.md).")
 @click.option("--force", is_flag=True, help="Replace an existing dump in --out.")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
               help="Run the command N times into --out/run-1 ... run-N; `tdiff bisect OUT` then "
                    "names the first op that is not bitwise repeatable.")
 @quiet_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def capture(out, side, select, exclude, layers, steps, mode, storage, max_pending, batch_row, force, repeat,
-            quiet, command):
+def capture(out, side, select, exclude, layers, steps, mode, storage, max_pending, batch_row, graph_budget,
+            force, repeat, quiet, command):
     """Run COMMAND and dump module inputs and outputs of every Python process it starts.
 
     \b
@@ -58,7 +61,8 @@ def capture(out, side, select, exclude, layers, steps, mode, storage, max_pendin
     config = {"side": side or out.name, "select": list(select),
               "exclude": list(exclude), "layers": _ranges_text(layers, "--layers"),
               "steps": _ranges_text(steps, "--steps"), "mode": mode, "storage": storage,
-              "max_pending_bytes": parse_size(max_pending, "--max-pending"), "batch_row": batch_row}
+              "max_pending_bytes": parse_size(max_pending, "--max-pending"), "batch_row": batch_row,
+              "graph_budget_bytes": parse_size(graph_budget, "--graph-budget")}
     _prepare_out(out, force)
     if repeat == 1:
         runs = [(out, config)]

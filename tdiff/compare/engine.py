@@ -106,8 +106,10 @@ class CompareReport:
         first = self.first_divergence
         return {
             "status": self.status,
-            "a": {"path": str(self.a.path), "side": self.a.side, "problems": self.a.problems},
-            "b": {"path": str(self.b.path), "side": self.b.side, "problems": self.b.problems},
+            "a": {"path": str(self.a.path), "side": self.a.side, "problems": self.a.problems,
+                  "notes": self.a.notes},
+            "b": {"path": str(self.b.path), "side": self.b.side, "problems": self.b.problems,
+                  "notes": self.b.notes},
             "tolerance": self.options.tolerance.describe(),
             "summary": self.counts(),
             "first_divergence": first.to_json() if first else None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tdiff.hooks.capture import Capture, active_capture
+from tdiff.hooks.cuda_graphs import graph_replayed, graph_rows, warmup
 
 
 def capture(out_dir, *, side=None, select=(), exclude=(), layers=None, steps=None, mode="full",
@@ -20,7 +21,9 @@ def capture(out_dir, *, side=None, select=(), exclude=(), layers=None, steps=Non
         options: ``max_pending_bytes`` (host memory held by pending writes, default 2 GiB),
             ``shard_bytes`` (shard size cap), ``batch_row`` (record only this row of every tensor
             whose leading dimension is the batch size of the outermost call's first input: one
-            sequence of a batch, to compare with the same sequence scored alone).
+            sequence of a batch, to compare with the same sequence scored alone),
+            ``graph_budget_bytes`` (GPU memory for the static buffers that record tensors inside
+            CUDA graphs, default 1 GiB; past it, the rest of a graph is recorded as statistics).
     """
     return Capture(out_dir, side=side, select=select, exclude=exclude, layers=layers, steps=steps,
                    mode=mode, storage=storage, model=model, **options)
@@ -44,4 +47,4 @@ def step() -> None:
         active.advance_step(manual=True)
 
 
-__all__ = ["capture", "dump", "step", "Capture", "active_capture"]
+__all__ = ["capture", "dump", "step", "warmup", "graph_rows", "graph_replayed", "Capture", "active_capture"]

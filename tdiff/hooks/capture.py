@@ -34,6 +34,7 @@ from tdiff.store.storage import STORAGES
 from tdiff.store.writer import DEFAULT_MAX_PENDING, DEFAULT_SHARD_BYTES, DumpWriter, Pending
 from tdiff.errors import TdiffError
 from tdiff.hooks.annotations import annotate, annotating_framework
+from tdiff.hooks.cuda_graphs import DEFAULT_GRAPH_BUDGET, GraphRecorder, install_graph_hooks
 from tdiff.hooks.device import Summarizer, host_copy
 from tdiff.hooks.naming import ModulePaths, flatten_call_inputs, flatten_tensors, tensor_name
 from tdiff.hooks.selection import Selection, parse_ranges
@@ -59,7 +60,7 @@ class Capture:
                  steps=None, mode: str = "full", storage: str = "safetensors", model=None,
                  max_pending_bytes: int = DEFAULT_MAX_PENDING,
                  shard_bytes: int = DEFAULT_SHARD_BYTES, batch_row: int | None = None,
-                 graft: dict | None = None):
+                 graft: dict | None = None, graph_budget_bytes: int = DEFAULT_GRAPH_BUDGET):
         if mode not in MODES:
             raise TdiffError(f"--mode {mode!r}: use one of {', '.join(MODES)}")
         if storage not in STORAGES:
@@ -90,6 +91,8 @@ class Capture:
         self._rank_known = False   # torch.distributed gave it: it cannot change any more
         self._summaries = Summarizer()
         self._forward_restore = None
+        self._graphs = GraphRecorder(self, graph_budget_bytes)   # CUDA graph capture and replays
+        self.notes: list[str] = []   # what the dump must say about how it was recorded
         self._graft = None
         if graft is not None:  # bisect --graft: feed one call another run's inputs (tdiff.hooks.graft)
             from tdiff.hooks.graft import InputGraft
@@ -108,6 +111,7 @@ class Capture:
             self._paths.name_tree(self.model)
             self._wrap_forward(self.model)
         _install_call_hook()
+        install_graph_hooks()
         _active = self
         return self
 
@@ -120,7 +124,7 @@ class Capture:
             self._forward_restore = None
         if self.writer is not None:
             self._summaries.flush()
-            self.writer.close()
+            self.writer.close(notes=self.notes)
             self.writer = None
 
     def __enter__(self) -> Capture:
@@ -138,6 +142,12 @@ class Capture:
                               shard_bytes=self.shard_bytes)
         except OSError as exc:
             raise TdiffError(f"cannot write into dump directory {self.root}: {exc.strerror}") from None
+
+    def note(self, message: str) -> None:
+        """Say once, on stderr and in the dump's manifest, something a reader of the dump must know."""
+        if message not in self.notes:
+            self.notes.append(message)
+            print(f"tdiff: {message}", file=sys.stderr, flush=True)
 
     def after_fork_in_child(self) -> None:
         """A forked child continues the capture into a manifest part of its own."""
@@ -167,7 +177,10 @@ class Capture:
     def module_call(self, module, invoke, args, kwargs):
         stack = self._stack
         parent = stack[-1] if stack else None
-        if parent is None and not self._manual_steps and id(module) in self._top_level_done:
+        graph = self._graphs.capturing()  # a CUDA graph's capture: its replays are the steps
+        if graph is None and self._graphs.unrecorded():
+            return invoke(*args, **kwargs)
+        if graph is None and parent is None and not self._manual_steps and id(module) in self._top_level_done:
             self.advance_step(manual=False)
         path = self._paths.path_of(module, (parent.module, parent.path) if parent else None)
         if parent is None and not self._rank_known:
@@ -176,15 +189,18 @@ class Capture:
             self._batch_size = _batch_size(args, kwargs)
             if self._batch_size and self.batch_row >= self._batch_size:
                 raise TdiffError(f"--batch-row {self.batch_row} is outside the batch of {self._batch_size}")
-        call = self._calls.get(path, 0)
-        self._calls[path] = call + 1
+        if graph is not None and parent is None and graph.rows is None:
+            graph.rows = _batch_size(args, kwargs)
+        calls = graph.calls if graph is not None else self._calls
+        call = calls.get(path, 0)
+        calls[path] = call + 1
         if self._graft is not None:
             args, kwargs = self._graft.inputs(path, self.step_index, call, self._current_rank(), args, kwargs)
-        recording = (self.selection.wants_step(self.step_index) and self.selection.wants(path)
-                     and not self.writer.failed)
+        recording = ((graph is not None or self.selection.wants_step(self.step_index))
+                     and self.selection.wants(path) and not self.writer.failed)
         # a framework's annotator also describes the plain torch modules inside its models
         annotator = annotating_framework(module, parent.annotator if parent else None)
-        where = (path, module, parent, len(stack), annotator)
+        where = (path, module, parent, len(stack), annotator, path)
         if recording:
             for sub, tensor in flatten_call_inputs(args, kwargs):
                 self._record(tensor, tensor_name(path, sub), sub, "input", call, where)
@@ -197,18 +213,22 @@ class Capture:
             for sub, tensor in flatten_tensors(output):
                 self._record(tensor, tensor_name(path, sub), sub, "output", call, where)
         if not stack:
-            self._top_level_done.add(id(module))
+            (graph.top_level if graph is not None else self._top_level_done).add(id(module))
         return output
 
     def dump(self, name: str, value) -> None:
         stack = self._stack
         parent = stack[-1] if stack else None
-        call = self._calls.get(name, 0)
-        self._calls[name] = call + 1
-        if not (self.selection.wants_step(self.step_index) and self.selection.wants(name, explicit=True)
-                and not self.writer.failed):
+        graph = self._graphs.capturing()
+        if graph is None and self._graphs.unrecorded():
             return
-        where = (parent.path if parent else "", None, parent, len(stack), None)
+        calls = graph.calls if graph is not None else self._calls
+        call = calls.get(name, 0)
+        calls[name] = call + 1
+        if not ((graph is not None or self.selection.wants_step(self.step_index))
+                and self.selection.wants(name, explicit=True) and not self.writer.failed):
+            return
+        where = (parent.path if parent else "", None, parent, len(stack), None, name)
         for sub, tensor in flatten_tensors(value):
             self._record(tensor, tensor_name(name, sub), sub, "explicit", call, where)
 
@@ -217,9 +237,10 @@ class Capture:
                 where: tuple) -> None:
         if tensor.device.type == "meta":
             return
-        module_path, module, parent, depth, annotator = where
+        module_path, module, parent, depth, annotator, counter = where
+        graph = self._graphs.capturing()
         seq = next(self._seq)
-        alias_of = self._alias_of(tensor, seq)
+        alias_of = self._alias_of(tensor, seq) if graph is None else None
         tensor = tensor.detach()
         if self._batch_size and tensor.dim() and tensor.shape[0] == self._batch_size:
             tensor = tensor[self.batch_row:self.batch_row + 1]
@@ -234,7 +255,9 @@ class Capture:
             parent=parent.path if parent else None, depth=depth, device=str(tensor.device),
             alias_of=alias_of,
             attrs=annotate(module, module_path, role, sub, tensor, annotator) if module is not None else {})
-        if alias_of is not None:
+        if graph is not None:
+            graph.record(record, counter, tensor)  # into the graph's static buffers, harvested on replay
+        elif alias_of is not None:
             self.writer.submit(Pending(record=record))
         elif self.mode == "full":
             host, ready = host_copy(tensor)

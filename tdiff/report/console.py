@@ -68,6 +68,8 @@ def render_compare(report: CompareReport, console: Console, top: int | None = No
     for label, dump in (("A", report.a), ("B", report.b)):
         for problem in dump.problems:
             console.print(f"[yellow]warning[/yellow]: side {label} incomplete: {problem}")
+        for note in dump.notes:
+            console.print(f"note: side {label}: {note}", markup=False)
     console.print(summary_line(report))
 
 

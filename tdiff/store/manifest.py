@@ -110,9 +110,9 @@ class ManifestJournal:
         if records:
             self._write(*({"type": "record", **r.to_json()} for r in records))
 
-    def end(self, records: int, error: str | None = None) -> None:
+    def end(self, records: int, error: str | None = None, notes: list[str] = ()) -> None:
         self._write({"type": "end", "records": records, "status": "failed" if error else "complete",
-                     **({"error": error} if error else {})})
+                     **({"error": error} if error else {}), **({"notes": list(notes)} if notes else {})})
         self._file.close()
 
     def close(self) -> None:
@@ -127,6 +127,7 @@ class Part:
     header: dict
     records: list[Record] = field(default_factory=list)
     problem: str | None = None   # why this part is incomplete, None when it is complete
+    notes: list[str] = field(default_factory=list)  # what capture said about how it recorded
 
     @property
     def rank(self) -> int:
@@ -174,6 +175,9 @@ def read_part(path: Path) -> Part:
             raise DumpError(f"{where} line {number}: unknown entry type {kind!r}")
     if part.problem is None:
         part.problem = _end_problem(path, end, len(part.records))
+    notes = (end or {}).get("notes")
+    if isinstance(notes, list):
+        part.notes = [str(note) for note in notes]
     part.records = [_with_part(r, part.name) for r in part.records]
     return part
 

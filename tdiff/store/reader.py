@@ -38,6 +38,11 @@ class Dump:
         return not self.problems
 
     @property
+    def notes(self) -> list[str]:
+        """What capture said about how it recorded (CUDA graphs, torch.compile), once each."""
+        return list(dict.fromkeys(note for part in self.parts for note in part.notes))
+
+    @property
     def side(self) -> str:
         return str(self.info.get("side") or self.path.name)
 

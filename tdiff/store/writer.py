@@ -97,11 +97,12 @@ class DumpWriter:
         """Ask the writer to write out what it holds (at the end of a step, say)."""
         self._queue.put(_FLUSH)
 
-    def close(self) -> None:
+    def close(self, notes: list[str] = ()) -> None:
+        """Write out what is pending and end the manifest, with the capture's ``notes``."""
         self._queue.put(_STOP)
         self._thread.join()
         try:
-            self._journal.end(self.records_written, self.error)
+            self._journal.end(self.records_written, self.error, notes)
         except OSError as exc:
             self._report(f"cannot finish the manifest ({exc.strerror}); the dump stays incomplete")
 

@@ -1,0 +1,317 @@
+"""CUDA graphs: record what a captured graph computes, on every replay.
+
+While a graph is being captured a hook may not synchronise or copy to the host (that
+invalidates the capture, ``cudaErrorStreamCaptureInvalidated``), and on replay no Python runs at
+all. So during the capture of a ``torch.cuda.CUDAGraph`` each recorded tensor is copied
+device-to-device into a static buffer that the graph itself captures (past the budget, or in
+stats mode, its statistics and fingerprint are computed into a static slot instead). After each
+replay the buffers are copied to the host on the replay's stream, ahead of anything the next
+replay writes, and become the records of one step: the names, calls and bytes the eager forward
+gives.
+
+    g = torch.cuda.CUDAGraph()
+    with tdiff.warmup():             # warm-up forwards: not recorded, not steps
+        model(static_x)
+    with torch.cuda.graph(g):        # the captured forward: not a step (nothing is computed yet)
+        static_y = model(static_x)
+    tdiff.graph_rows(3)              # the next replay's real rows (the batch is padded to 8)
+    g.replay()                       # one step: the records of model(static_x[:3])
+
+Graphs are seen through ``torch.cuda.CUDAGraph.capture_begin``/``capture_end``/``replay``
+(``torch.cuda.graph`` and ``make_graphed_callables`` use them); an engine that replays a graph
+another way calls :func:`tdiff.graph_replayed` after the replay.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import threading
+import weakref
+
+import torch
+
+from tdiff.errors import TdiffError
+from tdiff.hooks.device import _Batch, _DeviceSummary, _packed_summary
+from tdiff.store.dtypes import from_bytes_view, to_bytes_view
+from tdiff.store.writer import Pending
+
+DEFAULT_GRAPH_BUDGET = 1 << 30
+_SLOTS_PER_TABLE = 256      # statistics slots allocated together while a graph is captured
+_ATTRIBUTE = "_tdiff_recording"   # where a graph keeps what its capture recorded
+
+_thread = threading.local()  # .recording: the graph this thread captures; .warmups: warmup() depth
+
+
+@dataclasses.dataclass
+class _Entry:
+    record: object              # the Record, its step and seq set at each replay, call relative
+    counter: str                # the call counter it was counted under (module path or dump name)
+    static: torch.Tensor | None = None        # its bytes, copied here by the graph (full mode)
+    slot: tuple | None = None                 # (table, row) of its statistics (stats, or past budget)
+    alias: int | None = None                  # index of an earlier entry of the same tensor
+
+
+class GraphRecording:
+    """What one graph's capture recorded, and the static device memory its replays write."""
+
+    def __init__(self, recorder: GraphRecorder):
+        self.recorder = recorder
+        self.entries: list[_Entry] = []
+        self.calls: dict[str, int] = {}      # call counts of the captured forward, by counter
+        self.top_level: set[int] = set()     # ids of the modules it called outermost
+        self.rows: int | None = None         # the batch size it was captured for
+        self.fallbacks = 0                   # full-mode records kept as statistics past the budget
+        self._over_budget = False
+        self._tables: list[torch.Tensor] = []
+        self._used = _SLOTS_PER_TABLE
+        self._seen: dict[int, tuple] = {}
+
+    def record(self, record, counter: str, tensor: torch.Tensor) -> None:
+        """Called by the capture hook for each tensor while the graph is captured."""
+        alias = self._alias(tensor, len(self.entries))
+        if alias is not None:
+            self.entries.append(_Entry(record, counter, alias=alias))
+            return
+        recorder = self.recorder
+        nbytes = tensor.numel() * tensor.element_size()
+        if recorder.mode == "full" and not self._over_budget and \
+                recorder.static_bytes + nbytes <= recorder.budget_bytes:
+            recorder.static_bytes += nbytes
+            # captured into the graph: each replay refreshes the copy
+            self.entries.append(_Entry(record, counter, static=to_bytes_view(tensor).clone()))
+            return
+        if recorder.mode == "full":
+            self._over_budget = True
+            self.fallbacks += 1
+        self.entries.append(_Entry(record, counter, slot=self._summary_slot(tensor)))
+
+    def _summary_slot(self, tensor: torch.Tensor) -> tuple:
+        if self._used == _SLOTS_PER_TABLE:
+            self._tables.append(torch.empty(_SLOTS_PER_TABLE, 7, dtype=torch.float64, device=tensor.device))
+            self._used = 0
+        table, row = self._tables[-1], self._used
+        self._used += 1
+        # torch ops, not the fused Triton kernel: a kernel compiled for the first time inside a
+        # capture would load a module mid-capture; these launch only cached kernels
+        table[row].copy_(_packed_summary(tensor))
+        return table, row
+
+    def _alias(self, tensor: torch.Tensor, index: int) -> int | None:
+        """The entry of this very tensor recorded earlier in the graph, unchanged since."""
+        if tensor.is_inference():
+            return None
+        seen = self._seen.get(id(tensor))
+        if seen is not None and seen[0]() is tensor and seen[1] == tensor._version:
+            return seen[2]
+        self._seen[id(tensor)] = (weakref.ref(tensor), tensor._version, index)
+        return None
+
+    def finish(self) -> None:
+        self._seen.clear()
+
+
+class GraphRecorder:
+    """One capture's CUDA-graph state: the static-buffer budget, the rows of the next replay."""
+
+    def __init__(self, capture, budget_bytes: int):
+        if budget_bytes < 0:
+            raise TdiffError(f"--graph-budget must not be negative, not {budget_bytes}")
+        self.capture = capture
+        self.mode = capture.mode
+        self.budget_bytes = budget_bytes
+        self.static_bytes = 0        # of all graphs captured so far
+        self.graphs = 0
+        self.next_rows: int | None = None
+
+    # ---- asked by the capture hook ----
+    @staticmethod
+    def capturing() -> GraphRecording | None:
+        """The recording of the graph this thread is capturing, None outside graph capture."""
+        return getattr(_thread, "recording", None)
+
+    def unrecorded(self) -> bool:
+        """Whether module calls now run unrecorded: a warm-up, or a stream capture that did not go
+        through torch.cuda.CUDAGraph (no graph to hang buffers on: record nothing, break nothing)."""
+        if getattr(_thread, "warmups", 0):
+            return True
+        if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
+            self.capture.note("a CUDA stream capture outside torch.cuda.CUDAGraph ran: the modules "
+                              "it captured are not recorded")
+            return True
+        return False
+
+    # ---- graph lifecycle ----
+    def begin(self) -> None:
+        _thread.recording = GraphRecording(self)
+
+    def end(self, graph) -> None:
+        recording = _thread.__dict__.pop("recording", None)
+        if recording is None:
+            return
+        recording.finish()
+        self.graphs += 1
+        setattr(graph, _ATTRIBUTE, recording)  # the buffers live as long as the graph
+        if recording.fallbacks:
+            self.capture.note(
+                f"CUDA graph {self.graphs}: {recording.fallbacks} of {len(recording.entries)} tensors "
+                f"are past the --graph-budget of {self.budget_bytes} bytes of static buffers and are "
+                "recorded as statistics and fingerprints only on each replay")
+
+    def replayed(self, graph, rows: int | None = None) -> None:
+        """Turn what the graph's last replay wrote into the records of one step."""
+        rows, self.next_rows = (rows if rows is not None else self.next_rows), None
+        recording = getattr(graph, _ATTRIBUTE, None)
+        capture = self.capture
+        if recording is None:
+            capture.note("a CUDA graph captured while no capture was active was replayed: its "
+                         "replays are not recorded")
+            return
+        if not recording.entries and not recording.top_level:
+            return  # nothing of it ran through module calls (torch.compile's own graphs)
+        if torch.cuda.is_current_stream_capturing():
+            capture.note("a CUDA graph was replayed inside another graph's capture: that replay "
+                         "is not recorded")
+            return
+        if rows is not None and recording.rows is not None and rows > recording.rows:
+            raise TdiffError(f"tdiff.graph_rows({rows}): the graph was captured for {recording.rows} rows")
+        step, bases = _replay_step(capture, recording)
+        if not capture.selection.wants_step(step) or capture.writer.failed:
+            return
+        _emit(capture, recording, step, bases, rows if rows != recording.rows else None)
+
+
+def _replay_step(capture, recording: GraphRecording) -> tuple[int, dict[str, int]]:
+    """A replay is one forward pass: the step advances as it would for an eager forward of the
+    same outermost modules, and its calls count on from those already made in the step."""
+    if not capture._manual_steps and recording.top_level & capture._top_level_done:
+        capture.advance_step(manual=False)
+    bases = {counter: capture._calls.get(counter, 0) for counter in recording.calls}
+    for counter, count in recording.calls.items():
+        capture._calls[counter] = bases[counter] + count
+    capture._top_level_done |= recording.top_level
+    return capture.step_index, bases
+
+
+def _emit(capture, recording: GraphRecording, step: int, bases: dict, rows: int | None) -> None:
+    """Copy the static buffers to pinned host memory on the current (replay) stream, so the next
+    replay, queued after on that stream, cannot overwrite them before the copies are done."""
+    stats_batches = {}
+    for table in recording._tables:
+        batch = stats_batches[id(table)] = _Batch()
+        batch.issue(table)
+    copies, seqs = [], []
+    for entry in recording.entries:
+        record = entry.record
+        seq = next(capture._seq)
+        seqs.append(seq)
+        source = recording.entries[entry.alias] if entry.alias is not None else entry
+        shape = _trimmed(record.shape, rows, recording.rows) if source.slot is None else record.shape
+        record = dataclasses.replace(record, seq=seq, step=step, call=bases[entry.counter] + record.call,
+                                     shape=shape)
+        if entry.alias is not None:
+            copies.append(Pending(record=dataclasses.replace(record, alias_of=seqs[entry.alias])))
+        elif entry.static is not None:
+            nbytes = entry.static.numel() * math.prod(shape) // entry.record.numel if entry.record.numel else 0
+            host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+            host.copy_(entry.static[:nbytes], non_blocking=True)
+            copies.append(Pending(record=record, data=from_bytes_view(host, record.dtype, shape), nbytes=nbytes))
+        else:
+            table, row = entry.slot
+            copies.append(Pending(record=record, summary=_DeviceSummary(stats_batches[id(table)], row)))
+    ready = torch.cuda.Event()
+    ready.record()
+    for item in copies:
+        if item.data is not None:
+            item.ready = ready
+        capture.writer.submit(item)
+    if rows is not None and any(e.slot is not None and _is_batch(e.record.shape, recording.rows)
+                                for e in recording.entries):
+        capture.note("statistics recorded inside a CUDA graph cover all the rows the graph was "
+                     "captured for, not only the rows tdiff.graph_rows() gave")
+
+
+def _is_batch(shape: tuple, rows: int | None) -> bool:
+    return rows is not None and len(shape) > 0 and shape[0] == rows
+
+
+def _trimmed(shape: tuple, rows: int | None, captured_rows: int | None) -> tuple:
+    """The record's shape once a padded batch is cut to its real rows."""
+    if rows is None or not _is_batch(shape, captured_rows):
+        return shape
+    return (rows, *shape[1:])
+
+
+# ---- the public calls ----
+@contextlib.contextmanager
+def warmup():
+    """Forwards run inside are not recorded and are not steps (a CUDA graph's warm-up runs).
+
+    A graph captured inside is still recorded. A no-op when no capture is active."""
+    _thread.warmups = getattr(_thread, "warmups", 0) + 1
+    try:
+        yield
+    finally:
+        _thread.warmups -= 1
+
+
+def graph_rows(rows: int) -> None:
+    """The real rows of the next CUDA graph replay, for an engine that pads its batch up to the
+    size a graph was captured for: that replay's records whose leading dimension is the captured
+    batch size keep only their first ``rows`` rows. A no-op when no capture is active."""
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+        raise TdiffError(f"tdiff.graph_rows() takes a positive number of rows, not {rows!r}")
+    capture = _active_capture()
+    if capture is not None:
+        capture._graphs.next_rows = rows
+
+
+def graph_replayed(graph, rows: int | None = None) -> None:
+    """Record the replay of ``graph`` that was just queued on the current stream, for engines
+    that replay a ``torch.cuda.CUDAGraph`` without its Python ``replay`` method (which tdiff
+    hooks). ``rows``: as :func:`graph_rows`. A no-op when no capture is active."""
+    capture = _active_capture()
+    if capture is not None:
+        capture._graphs.replayed(graph, rows)
+
+
+# ---- the process-wide hooks on torch.cuda.CUDAGraph ----
+_originals: dict = {}
+
+
+def install_graph_hooks() -> None:
+    if _originals or not hasattr(torch.cuda, "CUDAGraph"):
+        return
+    cls = torch.cuda.CUDAGraph
+    _originals.update(capture_begin=cls.capture_begin, capture_end=cls.capture_end, replay=cls.replay)
+
+    def capture_begin(self, *args, **kwargs):
+        _originals["capture_begin"](self, *args, **kwargs)
+        capture = _active_capture()
+        if capture is not None:
+            capture._graphs.begin()
+
+    def capture_end(self, *args, **kwargs):
+        try:
+            _originals["capture_end"](self, *args, **kwargs)
+        finally:
+            capture = _active_capture()
+            if capture is not None:
+                capture._graphs.end(self)
+            else:
+                _thread.__dict__.pop("recording", None)
+
+    def replay(self, *args, **kwargs):
+        _originals["replay"](self, *args, **kwargs)
+        capture = _active_capture()
+        if capture is not None:
+            capture._graphs.replayed(self)
+
+    cls.capture_begin, cls.capture_end, cls.replay = capture_begin, capture_end, replay
+
+
+def _active_capture():
+    from tdiff.hooks.capture import active_capture
+
+    return active_capture()

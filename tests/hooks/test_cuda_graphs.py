@@ -1,0 +1,222 @@
+"""Capture of CUDA graphs: recording during graph capture must not break it, and each replay is
+recorded like the eager forward it stands for. The GPU tests are skipped without CUDA; run them
+on the GPU machine with `python -m pytest tests/hooks/test_cuda_graphs.py`."""
+
+import json
+
+import pytest
+import torch
+
+import tdiff
+from tdiff.compare import compare_dumps
+from tdiff.errors import TdiffError
+from tdiff.store import open_dump
+from tests.helpers import tdiff_cli
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+WIDTH = 64
+
+
+class RMSNorm(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.rand(WIDTH) + 0.5)
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+
+class Linear(torch.nn.Linear):
+    """A Linear that can be planted to compute in bf16 (a fault inside the graph)."""
+
+    low_precision = False
+
+    def forward(self, x):
+        if self.low_precision:
+            return torch.nn.functional.linear(x.bfloat16(), self.weight.bfloat16(), self.bias.bfloat16()).float()
+        return super().forward(x)
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm, self.up, self.down = RMSNorm(), Linear(WIDTH, 2 * WIDTH), Linear(2 * WIDTH, WIDTH)
+
+    def forward(self, x):
+        return x + self.down(torch.nn.functional.silu(self.up(self.norm(x))))
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = torch.nn.ModuleList(Block() for _ in range(3))
+        self.norm, self.head = RMSNorm(), Linear(WIDTH, 16)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(self.norm(x))
+
+
+def batches(count=3, rows=8):
+    generator = torch.Generator().manual_seed(1)
+    return [torch.randn(rows, WIDTH, generator=generator).cuda() for _ in range(count)]
+
+
+def eager(model, inputs, path, **options):
+    with torch.no_grad(), tdiff.capture(path, **options):
+        for x in inputs:
+            model(x)
+    return open_dump(path)
+
+
+def graphed(model, inputs, path, *, rows=None, **options):
+    """Warm up, capture one graph for inputs[0]'s shape, replay it once per input; returns the
+    dump and the graph's outputs of each replay."""
+    static_x = torch.zeros_like(inputs[0])
+    outputs = []
+    with torch.no_grad(), tdiff.capture(path, **options):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), tdiff.warmup():
+            model(static_x)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_y = model(static_x)
+        for x in inputs:
+            static_x.zero_()
+            static_x[:len(x)].copy_(x)
+            if rows is not None:
+                tdiff.graph_rows(rows)
+            graph.replay()
+            outputs.append(static_y.clone())
+        torch.cuda.synchronize()
+    return open_dump(path), outputs
+
+
+def identity(dump):
+    return [(r.name, r.role, r.step, r.call, r.dtype, r.shape) for r in dump.records]
+
+
+@cuda
+def test_full_mode_capture_does_not_break_graph_capture(tmp_path):
+    """Old code: tdiff's host copy inside the capture raised cudaErrorStreamCaptureInvalidated."""
+    model, x = Tiny().cuda(), batches(1)[0]
+    with torch.no_grad():
+        expected = model(x)
+        with tdiff.capture(tmp_path / "d"):
+            graph = torch.cuda.CUDAGraph()
+            static_x = x.clone()
+            with torch.cuda.graph(graph):
+                static_y = model(static_x)
+            graph.replay()
+            torch.cuda.synchronize()
+    assert torch.equal(static_y, expected)
+
+
+@cuda
+def test_replays_record_what_the_eager_forwards_record_bitwise(tmp_path):
+    model, inputs = Tiny().cuda(), batches()
+    a = eager(model, inputs, tmp_path / "a")
+    b, outputs = graphed(model, inputs, tmp_path / "b")
+    assert identity(b) == identity(a)           # names, steps, calls, shapes: warm-up and capture are no steps
+    assert {r.step for r in b.records} == {0, 1, 2}
+    assert all(r.has_data for r in b.records)
+    with torch.no_grad():
+        assert all(torch.equal(y, model(x)) for x, y in zip(inputs, outputs))
+    result = tdiff_cli("compare", tmp_path / "a", tmp_path / "b", "--json", expect=0)
+    assert json.loads(result.stdout)["status"] == "match"
+
+
+@cuda
+def test_a_fault_inside_the_graph_is_named_by_bisect(tmp_path):
+    model, inputs = Tiny().cuda(), batches()
+    eager(model, inputs, tmp_path / "a")
+    model.layers[1].up.low_precision = True
+    graphed(model, inputs, tmp_path / "b")
+    report = json.loads(tdiff_cli("bisect", tmp_path / "a", tmp_path / "b", "--json", expect=1).stdout)
+    assert report["first_divergence"]["module"] == "layers.1.up"
+    assert report["first_divergence"]["step"] == 0
+
+
+@cuda
+def test_a_padded_batch_is_trimmed_to_the_rows_graph_rows_gives(tmp_path):
+    model, inputs = Tiny().cuda(), batches(2, rows=3)
+    padded = [torch.cat([x, torch.zeros(5, WIDTH, device="cuda")]) for x in inputs]
+    full = eager(model, padded, tmp_path / "padded")
+    b, _ = graphed(model, padded, tmp_path / "b", rows=3)
+    assert [i[:3] for i in identity(b)] == [i[:3] for i in identity(full)]
+    by_key = {r.pair_key: r for r in full.records}
+    for record in b.records:
+        reference = by_key[record.pair_key]
+        assert record.shape == (3, *reference.shape[1:])
+        assert torch.equal(b.load(record), full.load(reference)[:3]), record.name
+
+
+@cuda
+def test_past_the_budget_the_rest_of_the_graph_is_recorded_as_statistics(tmp_path):
+    model, inputs = Tiny().cuda(), batches()
+    a = eager(model, inputs, tmp_path / "a")
+    budget = 6 * 8 * WIDTH * 4   # room for the first few [8, 64] float32 tensors only
+    b, _ = graphed(model, inputs, tmp_path / "b", graph_budget_bytes=budget)
+    stored = [r for r in b.records if r.has_data]
+    kept_as_stats = [r for r in b.records if not r.has_data]
+    assert stored and kept_as_stats
+    assert all(r.fingerprint.startswith("wsum64:") and r.stats is not None for r in kept_as_stats)
+    # the rest of the graph: once one tensor went to statistics, every later one of its replay did
+    for step in range(3):
+        seqs = [r.has_data for r in b.records if r.step == step and r.alias_of is None]
+        assert seqs == sorted(seqs, reverse=True)
+    assert any("--graph-budget" in note for note in b.notes)
+    assert compare_dumps(a, b).status == "match"   # statistics fingerprints checked against A's data
+    assert "--graph-budget" in tdiff_cli("compare", tmp_path / "a", tmp_path / "b", expect=0).output
+
+
+@cuda
+def test_stats_mode_inside_a_graph_matches_eager(tmp_path):
+    model, inputs = Tiny().cuda(), batches()
+    a = eager(model, inputs, tmp_path / "a", mode="stats")
+    b, _ = graphed(model, inputs, tmp_path / "b", mode="stats")
+    assert identity(b) == identity(a)
+    assert compare_dumps(a, b).status == "match"
+    assert compare_dumps(eager(model, inputs, tmp_path / "full"), b).status == "match"
+
+
+# ---- without a GPU ----
+class Doubler(torch.nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+def test_warmup_forwards_are_not_recorded_and_are_not_steps(tmp_path):
+    model = Doubler()
+    with tdiff.capture(tmp_path / "d"):
+        model(torch.ones(2))
+        with tdiff.warmup():
+            model(torch.ones(2))
+            tdiff.dump("inside", torch.ones(1))
+        model(torch.ones(2))
+    dump = open_dump(tmp_path / "d")
+    assert [(r.role, r.step) for r in dump.records] == [("input", 0), ("output", 0), ("input", 1), ("output", 1)]
+
+
+def test_a_replay_tdiff_cannot_record_is_said_in_the_dump(tmp_path):
+    """A graph captured before capture started has no buffers: its replays are said, not hidden."""
+    with tdiff.capture(tmp_path / "d"):
+        Doubler()(torch.ones(2))
+        tdiff.graph_replayed(object())
+    dump = open_dump(tmp_path / "d")
+    assert any("not recorded" in note for note in dump.notes)
+    assert json.loads(tdiff_cli("compare", tmp_path / "d", tmp_path / "d", "--json").stdout)["b"]["notes"] == dump.notes
+
+
+def test_graph_rows_takes_a_positive_count():
+    with pytest.raises(TdiffError, match="positive"):
+        tdiff.graph_rows(0)
+
+
+def test_graph_budget_must_be_a_size(tmp_path):
+    result = tdiff_cli("capture", "--out", tmp_path / "d", "--graph-budget", "lots", "--", "true", expect=2)
+    assert "--graph-budget" in result.output

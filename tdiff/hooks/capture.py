@@ -46,11 +46,12 @@ _original_call = None
 
 
 class _Frame:
-    __slots__ = ("module", "path", "call", "annotator")
+    __slots__ = ("module", "path", "call", "annotator", "compiled")
 
-    def __init__(self, module, path, call, annotator):
+    def __init__(self, module, path, call, annotator, compiled=False):
         self.module, self.path, self.call = module, path, call
         self.annotator = annotator   # the framework whose annotator describes this call's records
+        self.compiled = compiled     # a torch.compile'd module: what it calls runs as compiled code
 
 
 class Capture:
@@ -177,6 +178,8 @@ class Capture:
     def module_call(self, module, invoke, args, kwargs):
         stack = self._stack
         parent = stack[-1] if stack else None
+        if parent is not None and parent.compiled:
+            return invoke(*args, **kwargs)  # inside compiled code (or its eager fallbacks): not recorded
         graph = self._graphs.capturing()  # a CUDA graph's capture: its replays are the steps
         if graph is None and self._graphs.unrecorded():
             return invoke(*args, **kwargs)
@@ -198,13 +201,19 @@ class Capture:
             args, kwargs = self._graft.inputs(path, self.step_index, call, self._current_rank(), args, kwargs)
         recording = ((graph is not None or self.selection.wants_step(self.step_index))
                      and self.selection.wants(path) and not self.writer.failed)
+        compiled = _compiled(module)
+        # a torch.compile wrapper's records are described (class, framework) by the model it wraps
+        described = getattr(module, "_orig_mod", module) if compiled else module
         # a framework's annotator also describes the plain torch modules inside its models
-        annotator = annotating_framework(module, parent.annotator if parent else None)
-        where = (path, module, parent, len(stack), annotator, path)
+        annotator = annotating_framework(described, parent.annotator if parent else None)
+        where = (path, described, parent, len(stack), annotator, path)
         if recording:
             for sub, tensor in flatten_call_inputs(args, kwargs):
                 self._record(tensor, tensor_name(path, sub), sub, "input", call, where)
-        stack.append(_Frame(module, path, call, annotator))
+        if compiled:
+            self.note(f"torch.compile: {tensor_name(path, '')} ran compiled: its inputs and outputs are "
+                      "recorded, the modules inside it are not (capture without torch.compile to record them)")
+        stack.append(_Frame(module, path, call, annotator, compiled))
         try:
             output = invoke(*args, **kwargs)
         finally:
@@ -312,6 +321,15 @@ class Capture:
         self._forward_restore = restore
 
 
+def _compiled(module) -> bool:
+    """Whether the module runs as torch.compile'd code (``torch.compile(module)`` or
+    ``module.compile()``)."""
+    if getattr(module, "_compiled_call_impl", None) is not None:
+        return True
+    dynamo = sys.modules.get("torch._dynamo.eval_frame")
+    return dynamo is not None and isinstance(module, dynamo.OptimizedModule)
+
+
 def _batch_size(args: tuple, kwargs: dict) -> int | None:
     """The leading dimension of an outermost call's first tensor input (its batch), when > 1."""
     first = next(flatten_call_inputs(args, kwargs), None)
@@ -332,6 +350,10 @@ def _ranges(value, what: str):
 
 # ---- the process-wide hook ----
 def _tdiff_module_call(self, *args, **kwargs):
+    if torch.compiler.is_compiling():
+        # torch.compile traces this call: stay out of the compiled program, which then is exactly
+        # the one an uncaptured run compiles (and never reads capture state, no guards on it)
+        return _original_call(self, *args, **kwargs)
     capture = _active
     if capture is None:
         return _original_call(self, *args, **kwargs)

@@ -219,4 +219,4 @@ def test_graph_rows_takes_a_positive_count():
 
 def test_graph_budget_must_be_a_size(tmp_path):
     result = tdiff_cli("capture", "--out", tmp_path / "d", "--graph-budget", "lots", "--", "true", expect=2)
-    assert "--graph-budget" in result.output
+    assert "--graph-budget 'lots' is not a size" in result.output

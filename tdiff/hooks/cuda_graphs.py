@@ -143,6 +143,14 @@ class GraphRecorder:
         return False
 
     # ---- graph lifecycle ----
+    def prepare(self) -> None:
+        """Before a graph capture starts: send the pending summaries to the host and let the
+        writer finish what it holds, so that no tdiff thread makes a CUDA call during the capture
+        (in the default global capture mode, an event wait in any thread invalidates it)."""
+        self.capture._summaries.flush()
+        if self.capture.writer is not None:
+            self.capture.writer.drain()
+
     def begin(self) -> None:
         _thread.recording = GraphRecording(self)
 
@@ -287,8 +295,10 @@ def install_graph_hooks() -> None:
     _originals.update(capture_begin=cls.capture_begin, capture_end=cls.capture_end, replay=cls.replay)
 
     def capture_begin(self, *args, **kwargs):
-        _originals["capture_begin"](self, *args, **kwargs)
         capture = _active_capture()
+        if capture is not None:
+            capture._graphs.prepare()
+        _originals["capture_begin"](self, *args, **kwargs)
         if capture is not None:
             capture._graphs.begin()
 

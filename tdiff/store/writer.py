@@ -97,6 +97,14 @@ class DumpWriter:
         """Ask the writer to write out what it holds (at the end of a step, say)."""
         self._queue.put(_FLUSH)
 
+    def drain(self) -> None:
+        """Wait until the writer has handled everything submitted so far: until the next submit
+        it makes no CUDA call (no event wait, no pinned buffer released), which a CUDA graph
+        capture in any thread of the process would fail on."""
+        done = threading.Event()
+        self._queue.put(done)
+        done.wait()
+
     def close(self, notes: list[str] = ()) -> None:
         """Write out what is pending and end the manifest, with the capture's ``notes``."""
         self._queue.put(_STOP)
@@ -116,6 +124,8 @@ class DumpWriter:
                 return
             if item is _FLUSH:
                 self._guarded(self._flush_shard)
+            elif isinstance(item, threading.Event):
+                item.set()  # drain(): everything before it is handled
             elif self.failed:
                 self._release(item.nbytes)
             else:

@@ -3,6 +3,7 @@ recorded like the eager forward it stands for. The GPU tests are skipped without
 on the GPU machine with `python -m pytest tests/hooks/test_cuda_graphs.py`."""
 
 import json
+import time
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ import tdiff
 from tdiff.compare import compare_dumps
 from tdiff.errors import TdiffError
 from tdiff.store import open_dump
+from tdiff.store.writer import DumpWriter
 from tests.helpers import tdiff_cli
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -116,6 +118,39 @@ def test_full_mode_capture_does_not_break_graph_capture(tmp_path):
     assert torch.equal(static_y, expected)
 
 
+def slow_writer(monkeypatch, seconds=0.02):
+    """A writer that takes ``seconds`` per tensor (a slow disk): it lags behind the model."""
+    store = DumpWriter._store
+    handled = []
+
+    def slow_store(self, item):
+        time.sleep(seconds)
+        store(self, item)
+        handled.append(item.record.seq)
+
+    monkeypatch.setattr(DumpWriter, "_store", slow_store)
+    return handled
+
+
+@cuda
+def test_a_graph_captured_while_the_writer_is_busy_is_not_invalidated(tmp_path, monkeypatch):
+    """The writer thread waits on the CUDA events of earlier eager copies; in the default global
+    capture mode an event wait in any thread during a capture invalidates it."""
+    slow_writer(monkeypatch)
+    model, inputs = Tiny().cuda(), batches()
+    with torch.no_grad(), tdiff.capture(tmp_path / "d"):
+        for x in inputs:
+            expected = model(x)   # about 90 tensors: some 2 s of writing still to do
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_y = model(inputs[-1])
+        graph.replay()
+        torch.cuda.synchronize()
+    assert torch.equal(static_y, expected)
+    dump = open_dump(tmp_path / "d")
+    assert {r.step for r in dump.records} == {0, 1, 2, 3}
+
+
 @cuda
 def test_replays_record_what_the_eager_forwards_record_bitwise(tmp_path):
     model, inputs = Tiny().cuda(), batches()
@@ -210,6 +245,15 @@ def test_a_replay_tdiff_cannot_record_is_said_in_the_dump(tmp_path):
     dump = open_dump(tmp_path / "d")
     assert any("not recorded" in note for note in dump.notes)
     assert json.loads(tdiff_cli("compare", tmp_path / "d", tmp_path / "d", "--json").stdout)["b"]["notes"] == dump.notes
+
+
+def test_before_a_graph_capture_the_writer_finishes_what_it_holds(tmp_path, monkeypatch):
+    handled = slow_writer(monkeypatch)
+    with tdiff.capture(tmp_path / "d") as capture:
+        for _ in range(5):
+            Doubler()(torch.ones(2))
+        capture._graphs.prepare()  # what CUDAGraph.capture_begin runs first
+        assert len(handled) == 10
 
 
 def test_graph_rows_takes_a_positive_count():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from tdiff.hooks.capture import Capture, active_capture
 from tdiff.hooks.cuda_graphs import graph_replayed, graph_rows, warmup
 
@@ -32,8 +34,11 @@ def capture(out_dir, *, side=None, select=(), exclude=(), layers=None, steps=Non
 def dump(name: str, value):
     """Record ``value`` (a tensor or a nested structure of them) under ``name``; returns ``value``.
 
-    A no-op when no capture is active, so the call can stay in user code.
+    A no-op when no capture is active, so the call can stay in user code, and inside code that
+    torch.compile compiles (which then compiles as if the call were not there).
     """
+    if torch.compiler.is_compiling():
+        return value
     active = active_capture()
     if active is not None:
         active.dump(name, value)

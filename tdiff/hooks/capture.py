@@ -180,6 +180,10 @@ class Capture:
         parent = stack[-1] if stack else None
         if parent is not None and parent.compiled:
             return invoke(*args, **kwargs)  # inside compiled code (or its eager fallbacks): not recorded
+        if _compiler_graph(module):
+            self.note("torch.compile: compiled code ran; the modules it runs are not recorded "
+                      "(capture without torch.compile to record them)")
+            return invoke(*args, **kwargs)
         graph = self._graphs.capturing()  # a CUDA graph's capture: its replays are the steps
         if graph is None and self._graphs.unrecorded():
             return invoke(*args, **kwargs)
@@ -328,6 +332,25 @@ def _compiled(module) -> bool:
         return True
     dynamo = sys.modules.get("torch._dynamo.eval_frame")
     return dynamo is not None and isinstance(module, dynamo.OptimizedModule)
+
+
+_COMPILER_RUNTIME = tuple(f"{os.sep}torch{os.sep}{part}{os.sep}" for part in ("_dynamo", "_functorch", "_inductor"))
+
+
+def _compiler_graph(module) -> bool:
+    """Whether the module is a graph that torch.compile made and its runtime is calling (an
+    ``aot_eager`` backend's forward graph, say): another program than the model's modules."""
+    fx = sys.modules.get("torch.fx")
+    if fx is None or not isinstance(module, fx.GraphModule):
+        return False
+    frame = sys._getframe(3)  # past this function, module_call and the __call__ hook
+    for _ in range(8):
+        if frame is None:
+            return False
+        if any(part in frame.f_code.co_filename for part in _COMPILER_RUNTIME):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _batch_size(args: tuple, kwargs: dict) -> int | None:

@@ -79,6 +79,30 @@ def test_compare_with_an_eager_run_prints_why_inner_modules_are_on_one_side(tmp_
     assert f"note: side B: {NOTE}" in output
 
 
+def test_tdiff_dump_inside_compiled_code_is_left_out_of_the_compiled_program(tmp_path):
+    def scaled(x):
+        return tdiff.dump("scaled", x * 3) + 1
+
+    x = torch.randn(4, 8)
+    expected = torch.compile(scaled, backend="aot_eager")(x)
+    torch._dynamo.reset()
+    with tdiff.capture(tmp_path / "d"):
+        tdiff.dump("input", x)
+        assert torch.equal(torch.compile(scaled, backend="aot_eager")(x), expected)
+    dump = open_dump(tmp_path / "d")
+    # nor is the backend's graph module recorded as if it were a module of the program
+    assert [r.name for r in dump.records] == ["input"]
+    assert any(note.startswith("torch.compile: compiled code ran") for note in dump.notes)
+
+
+def test_a_graph_module_the_program_itself_calls_is_recorded(tmp_path):
+    traced = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()))
+    with tdiff.capture(tmp_path / "d"):
+        traced(torch.randn(2, 8))
+    dump = open_dump(tmp_path / "d")
+    assert {r.module for r in dump.records} == {"", "0", "1"} and not dump.notes
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("mode", ["full", "stats"])
 @pytest.mark.parametrize("compile_mode", ["default", "reduce-overhead"])

@@ -10,12 +10,7 @@ import click
 
 from tdiff.cli.options import parse_size, quiet_option
 from tdiff.errors import TdiffError
-from tdiff.hooks.run import run_captured
-from tdiff.hooks.selection import compile_patterns, parse_ranges
-from tdiff.report.progress import progress_bar
-from tdiff.store.manifest import DUMP_FILE, describe_exit
-from tdiff.store.reader import open_dump
-from tdiff.store.storage import STORAGES
+from tdiff.store.manifest import DUMP_FILE, STORAGES, describe_exit
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -53,6 +48,9 @@ def capture(out, side, select, exclude, layers, steps, mode, storage, max_pendin
     Each process (rank) writes its own manifest and shards into --out. Exit status: the
     command's own when it fails, 2 when nothing was captured, else 0.
     """
+    from tdiff.hooks.run import run_captured
+    from tdiff.hooks.selection import compile_patterns
+
     compile_patterns(select, "--select")
     compile_patterns(exclude, "--exclude")
     config = {"side": side or out.name, "select": list(select),
@@ -76,6 +74,8 @@ def capture(out, side, select, exclude, layers, steps, mode, storage, max_pendin
 
 
 def _ranges_text(text: str | None, what: str) -> str | None:
+    from tdiff.hooks.selection import parse_ranges
+
     parse_ranges(text, what)  # validate before the command starts
     return text
 
@@ -94,6 +94,8 @@ def _prepare_out(out: Path, force: bool) -> None:
 
 def _summarize(out: Path, returncode: int, quiet: bool) -> None:
     from tdiff.errors import DumpError
+    from tdiff.report.progress import progress_bar
+    from tdiff.store.reader import open_dump
 
     try:
         with progress_bar("reading the dump's manifests", quiet=quiet):

@@ -7,13 +7,7 @@ import sys
 
 import click
 
-from tdiff.align import choose_pairing
-from tdiff.align.render import render_alignment
 from tdiff.cli.options import quiet_option, tolerance_from, tolerance_options
-from tdiff.compare.engine import CompareOptions, compare_dumps
-from tdiff.report.console import make_console, render_compare
-from tdiff.report.progress import progress_bar
-from tdiff.store.reader import open_dump
 
 
 @click.command()
@@ -42,6 +36,13 @@ def compare(dump_a, dump_b, layer, select, exact, atol, rtol, as_json, top, allo
 
     Exit status: 0 all tensors match, 1 a divergence, 2 bad input.
     """
+    from tdiff.align import choose_pairing
+    from tdiff.align.render import render_alignment
+    from tdiff.compare.engine import CompareOptions, compare_dumps
+    from tdiff.report.console import make_console, render_compare
+    from tdiff.report.progress import progress_bar
+    from tdiff.store.reader import open_dump
+
     tolerance = tolerance_from(exact, atol, rtol)
     a = open_dump(dump_a, allow_incomplete=allow_incomplete)
     b = open_dump(dump_b, allow_incomplete=allow_incomplete)

@@ -11,14 +11,9 @@ import tempfile
 from pathlib import Path
 
 import click
-from rich.table import Table
-from rich.text import Text
 
-from tdiff.bootstrap import child_environment
 from tdiff.cli.options import tolerance_from, tolerance_options
 from tdiff.errors import TdiffError
-from tdiff.hooks.selection import compile_patterns, parse_ranges
-from tdiff.report.console import fmt_number, make_console
 
 _RUN = {"ignore_unknown_options": True, "allow_interspersed_args": False}
 _CONFIG_HELP = "Patch file, or builtin / builtin:NAME,... for catalogue entries."
@@ -46,6 +41,7 @@ def apply(config, command):
     here (exit 2). In the command's processes a patch applies when its module is imported; one
     that fails there ends that process with status 2. Exit status: the command's own.
     """
+    from tdiff.bootstrap import child_environment
     from tdiff.source_patcher.bootstrap import child_config, read_applied_log
     from tdiff.source_patcher.catalogue import patches_from
 
@@ -124,6 +120,8 @@ def try_(candidates, baseline, workdir, select, exclude, layers, steps, batch_ro
     unpatched control, then fewer mismatched tensors, then smaller max ULP.
     Exit status: 0 some candidate matches, 1 none does, 2 bad input or the control run failed.
     """
+    from tdiff.hooks.selection import compile_patterns, parse_ranges
+    from tdiff.report.console import make_console
     from tdiff.source_patcher.catalogue import candidates_from
     from tdiff.source_patcher.trial import CaptureSelection, try_candidates
 
@@ -175,6 +173,11 @@ def _stale_message(stale, total: int) -> str:
 
 
 def _render(report, console) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    from tdiff.report.console import fmt_number
+
     control = report.control
     console.print(f"baseline {report.baseline}; runs and logs in {report.workdir} ({report.tolerance})",
                   highlight=False)

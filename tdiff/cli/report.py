@@ -8,14 +8,8 @@ from pathlib import Path
 
 import click
 
-from tdiff.align import choose_pairing
-from tdiff.bisect import bisect_dumps
 from tdiff.cli.options import quiet_option, tolerance_from, tolerance_options
-from tdiff.compare.engine import CompareOptions, compare_dumps
 from tdiff.errors import TdiffError
-from tdiff.report.model import build_report, read_patch_results
-from tdiff.report.progress import progress_bar
-from tdiff.store.reader import open_dump
 
 
 @click.command()
@@ -52,6 +46,13 @@ def report(dump_a, dump_b, fmt, out, with_bisect, patch_results, gh_comment, exa
 
     Exit status: 0 match, 1 divergence (the report is written either way), 2 bad input.
     """
+    from tdiff.align import choose_pairing
+    from tdiff.bisect import bisect_dumps
+    from tdiff.compare.engine import CompareOptions, compare_dumps
+    from tdiff.report.model import build_report
+    from tdiff.report.progress import progress_bar
+    from tdiff.store.reader import open_dump
+
     if gh_comment and (fmt != "md" or out is not None):
         raise TdiffError("--gh-comment prints Markdown on standard output; drop --format/--out")
     tolerance = tolerance_from(exact, atol, rtol)
@@ -94,6 +95,8 @@ def _render(result, fmt: str, gh_comment: bool) -> str:
 
 
 def _read_patch_results(path: Path) -> dict:
+    from tdiff.report.model import read_patch_results
+
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:

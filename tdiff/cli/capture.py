@@ -10,7 +10,7 @@ import click
 
 from tdiff.cli.options import parse_size, quiet_option
 from tdiff.errors import TdiffError
-from tdiff.store.manifest import DUMP_FILE, STORAGES, describe_exit
+from tdiff.store.manifest import DATA_DIR, DUMP_FILE, MANIFEST_DIR, STORAGES, describe_exit, read_part
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -30,7 +30,8 @@ from tdiff.store.manifest import DUMP_FILE, STORAGES, describe_exit
 @click.option("--batch-row", type=click.IntRange(min=0), metavar="N",
               help="Record only row N of tensors whose leading dimension is the batch size (one "
                    "sequence of a batch, to compare with it scored alone).")
-@click.option("--force", is_flag=True, help="Replace an existing dump in --out.")
+@click.option("--force", is_flag=True, help="Replace a dump in --out that holds records (one that holds "
+                                        "none, from a failed run, is replaced anyway).")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
               help="Run the command N times into --out/run-1 ... run-N; `tdiff bisect OUT` then "
                    "names the first op that is not bitwise repeatable.")
@@ -87,9 +88,25 @@ def _prepare_out(out: Path, force: bool) -> None:
 
     if not ((out / DUMP_FILE).is_file() or (out / REPEAT_FILE).is_file()):
         raise TdiffError(f"{out} exists and is not a dump; choose another --out")
-    if not force:
+    # a run that failed before recording anything leaves nothing to protect: the retry replaces it
+    if not force and _holds_records(out):
         raise TdiffError(f"{out} already holds a dump; pass --force to replace it")
     shutil.rmtree(out)
+
+
+def _holds_records(folder: Path) -> bool:
+    """Whether a dump (or a repeat folder's runs) holds any record or tensor data, complete or
+    not; a manifest that cannot be read counts as holding some."""
+    from tdiff.errors import DumpError
+
+    for manifest in folder.rglob(f"{MANIFEST_DIR}/*.jsonl"):
+        try:
+            if read_part(manifest).records:
+                return True
+        except DumpError:
+            if manifest.stat().st_size > 0:
+                return True
+    return any(path.is_file() for data in folder.rglob(DATA_DIR) for path in data.rglob("*"))
 
 
 def _summarize(out: Path, returncode: int, quiet: bool) -> None:

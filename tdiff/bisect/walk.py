@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tdiff.bisect.events import (Stream, enclosing_outputs, last_child_event, parent_of,
                                  previous_at_level, split_streams)
-from tdiff.bisect.kinds import between_kind, explicit_kind, module_kind
+from tdiff.bisect.kinds import between_kind, explicit_kind, module_kind, record_kind
 from tdiff.bisect.result import BisectResult, Divergence, TrailEntry
 from tdiff.bisect.verdict import EventComparator
 from tdiff.compare.engine import Comparison
@@ -160,13 +160,7 @@ def _trail(stream: Stream, calls: list[list[int]], comparator: EventComparator) 
 
 
 def _pair_kind(pair: Pair) -> str:
-    """An adapter's canonical kind when it gave one, else the module's class and name."""
-    if pair.kind:
-        return pair.kind
-    record = pair.record
-    if record.role == "explicit":
-        return explicit_kind(record.name) or "other"
-    return module_kind(record.module, record.module_class)
+    return record_kind(pair.record, pair.kind)
 
 
 def _event_kind(stream: Stream, index: int, forward: str | None) -> str | None:

@@ -13,7 +13,7 @@ from tdiff.cli.options import quiet_option, tolerance_from, tolerance_options
 @click.command()
 @click.argument("dump_a", metavar="A")
 @click.argument("dump_b", metavar="B")
-@click.option("--layer", type=int, help="Only tensors of decoder layer N.")
+@click.option("--layer", type=int, metavar="N", help="Only tensors of decoder layer N.")
 @click.option("--select", multiple=True, metavar="REGEX", help="Only tensors whose name matches (repeatable).")
 @tolerance_options
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")

@@ -11,8 +11,9 @@ from rich.text import Text
 from tdiff.compare.engine import CompareReport, Comparison
 
 
-def make_console(stderr: bool = False) -> Console:
-    console = Console(stderr=stderr, highlight=False, soft_wrap=False)
+def make_console(stderr: bool = False, quiet: bool = False) -> Console:
+    """``quiet``: a console that prints nothing (informational lines under --quiet)."""
+    console = Console(stderr=stderr, highlight=False, soft_wrap=False, quiet=quiet)
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console.width = 140  # logs and CI: wide enough for full tensor names
     return console

@@ -102,7 +102,7 @@ def headline(report: Report) -> tuple:
         return (Strong("Match:"), f" all {report.counts['compared']:,} tensors are {equal}.")
     c = culprit.comparison
     where = [c.record.role] + ([f"layer {culprit.layer}"] if culprit.layer is not None else [])
-    where += [f"kind {c.kind}"] if c.kind else []
+    where += [f"kind {c.boundary_kind}"]
     where += [f"step {c.record.step} call {c.record.call}"] + ([f"rank {c.record.rank}"] if c.record.rank else [])
     return (Strong("Diverged:"), " first divergence at ", Code(c.name), f" ({', '.join(where)}, boundary ",
             Code(culprit.boundary), f"): {describe(c)}.")
@@ -170,13 +170,13 @@ def diverged_table(report: Report) -> Table:
     for index, c in diverged:
         m = c.metrics
         status: Inline = (Strong(c.status), " ◀ first") if c is first else c.status
-        rows.append([str(index), Code(c.name), c.record.role, f"{c.record.step}:{c.record.call}", status,
-                     _percent(m.mismatch_fraction) if m else "-", fmt_number(m.max_abs) if m else "-",
+        rows.append([str(index), Code(c.name), c.boundary_kind, c.record.role, f"{c.record.step}:{c.record.call}",
+                     status, _percent(m.mismatch_fraction) if m else "-", fmt_number(m.max_abs) if m else "-",
                      fmt_number(m.max_ulp) if m else "-", f"{m.cosine:.6f}" if m else "-"])
         severity.append((c is first, float(m.max_ulp or 0) if m else 0.0, m.max_abs if m else 0.0))
     return Table("tensors", f"Diverged tensors ({len(rows):,}), in execution order",
-                 ["#", "tensor", "role", "step:call", "status", "mismatch", "max abs", "max ULP", "cosine"],
-                 rows, numeric=frozenset({0, 5, 6, 7, 8}), priority=_by(severity), folded=True)
+                 ["#", "tensor", "kind", "role", "step:call", "status", "mismatch", "max abs", "max ULP", "cosine"],
+                 rows, numeric=frozenset({0, 6, 7, 8, 9}), priority=_by(severity), folded=True)
 
 
 def environment_table(report: Report) -> Table:

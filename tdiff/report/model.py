@@ -85,7 +85,7 @@ class BoundaryRow:
 
     def add(self, c: Comparison) -> None:
         self.tensors += 1
-        self.kind = self.kind or c.kind
+        self.kind = self.kind or c.boundary_kind
         if c.diverged:
             self.diverged += 1
             self.first = self.first or c

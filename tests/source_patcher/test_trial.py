@@ -71,6 +71,7 @@ def test_the_demos_bf16_rmsnorm_variance_is_fixed_by_the_true_candidate(tmp_path
     control = report["control"]
     assert control["status"] == "diverged"
     assert control["first_divergence"]["module"] == "model.layers.1.post_attention_layernorm"
+    assert control["first_divergence"]["kind"] == "norm"  # the kind bisect names
     ranked = [c["name"] for c in report["candidates"]]
     assert ranked[:2] == ["fp32-variance", "fp32-variance-rounded"] and ranked[-1] == "broken"
     assert report["best"] == "fp32-variance"

@@ -143,9 +143,9 @@ def layer_table(report: Report) -> Table:
         severity.append((row.layer == first_layer and row.layer is not None, row.diverged > 0,
                          *out.severity()[1:]))
     return Table("layers", "Error by layer", ["layer", "tensors differ", "first differing boundary",
-                                              "mismatch", "max abs", "max ULP"], rows,
+                                              "mismatch", "max abs", "ULP at scale"], rows,
                  numeric=frozenset({1, 3, 4, 5}), priority=_by(severity),
-                 note="mismatch, max abs and max ULP of the layer's output (outside the layers: of the "
+                 note="mismatch, max abs and ULP at scale of the layer's output (outside the layers: of the "
                       "last boundary)")
 
 
@@ -159,7 +159,7 @@ def boundary_table(report: Report) -> Table:
                      differ_cell(row), *metric_cells(row)])
         severity.append((is_first, *row.severity()))
     return Table("boundaries", f"All boundaries ({len(rows):,})",
-                 ["layer", "boundary", "kind", "tensors differ", "mismatch", "max abs", "max ULP"], rows,
+                 ["layer", "boundary", "kind", "tensors differ", "mismatch", "max abs", "ULP at scale"], rows,
                  numeric=frozenset({3, 4, 5, 6}), priority=_by(severity), folded=True)
 
 
@@ -172,10 +172,11 @@ def diverged_table(report: Report) -> Table:
         status: Inline = (Strong(c.status), " ◀ first") if c is first else c.status
         rows.append([str(index), Code(c.name), c.boundary_kind, c.record.role, f"{c.record.step}:{c.record.call}",
                      status, _percent(m.mismatch_fraction) if m else "-", fmt_number(m.max_abs) if m else "-",
-                     fmt_number(m.max_ulp) if m else "-", f"{m.cosine:.6f}" if m else "-"])
-        severity.append((c is first, float(m.max_ulp or 0) if m else 0.0, m.max_abs if m else 0.0))
+                     fmt_number(m.max_ulp_at_scale) if m else "-", f"{m.cosine:.6f}" if m else "-"])
+        severity.append((c is first, float(m.max_ulp_at_scale or 0) if m else 0.0, m.max_abs if m else 0.0))
     return Table("tensors", f"Diverged tensors ({len(rows):,}), in execution order",
-                 ["#", "tensor", "kind", "role", "step:call", "status", "mismatch", "max abs", "max ULP", "cosine"],
+                 ["#", "tensor", "kind", "role", "step:call", "status", "mismatch", "max abs", "ULP at scale",
+                  "cosine"],
                  rows, numeric=frozenset({0, 6, 7, 8, 9}), priority=_by(severity), folded=True)
 
 
@@ -225,6 +226,7 @@ def bisect_blocks(result: dict) -> list[Block]:
             ["event", str(found.get("event", "-"))], ["kind", str(found.get("kind") or "-")],
             ["mismatch", _percent(metrics.get("mismatch_fraction"))],
             ["max abs", fmt_number(metrics.get("max_abs"))], ["max ULP", fmt_number(metrics.get("max_ulp"))],
+            ["ULP at scale", fmt_number(metrics.get("max_ulp_at_scale"))],
             ["cosine", fmt_number(metrics.get("cosine"), 9)]]
     trail = result.get("trail") or []
     if trail:
@@ -261,7 +263,7 @@ def _trial_cells(trial: dict) -> list[Inline]:
 
 # ---- cells ----
 def metric_cells(row: BoundaryRow) -> list[str]:
-    return [_percent(row.mismatch_fraction), fmt_number(row.max_abs), fmt_number(row.max_ulp)]
+    return [_percent(row.mismatch_fraction), fmt_number(row.max_abs), fmt_number(row.max_ulp_at_scale)]
 
 
 def differ_cell(row: BoundaryRow) -> str:

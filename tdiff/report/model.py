@@ -77,6 +77,7 @@ class BoundaryRow:
     mismatched: int = 0
     max_abs: float | None = None    # None: nothing measured
     max_ulp: int | None = None
+    max_ulp_at_scale: float | None = None
     first: Comparison | None = None  # the boundary's first diverged tensor
 
     @property
@@ -94,26 +95,31 @@ class BoundaryRow:
             if c.diverged:
                 self.unmeasured += 1
             else:  # equal fingerprints: every element matches
-                self._measure(c.record.numel, 0, 0.0, 0)
+                self._measure(c.record.numel, 0, 0.0, 0, 0.0)
             return
-        self._measure(m.numel, m.mismatched, m.max_abs, m.max_ulp)
+        self._measure(m.numel, m.mismatched, m.max_abs, m.max_ulp, m.max_ulp_at_scale)
 
-    def _measure(self, numel: int, mismatched: int, max_abs: float, max_ulp: int | None) -> None:
+    def _measure(self, numel: int, mismatched: int, max_abs: float, max_ulp: int | None,
+                 at_scale: float | None) -> None:
         self.numel += numel
         self.mismatched += mismatched
         self.max_abs = max_abs if self.max_abs is None else max(self.max_abs, max_abs)
         if max_ulp is not None:
             self.max_ulp = max_ulp if self.max_ulp is None else max(self.max_ulp, max_ulp)
+        if at_scale is not None:
+            self.max_ulp_at_scale = at_scale if self.max_ulp_at_scale is None else max(self.max_ulp_at_scale,
+                                                                                       at_scale)
 
     def severity(self) -> tuple:
-        return (self.diverged > 0, self.max_ulp or 0, self.max_abs or 0.0, self.mismatched)
+        return (self.diverged > 0, self.max_ulp_at_scale or 0.0, self.max_abs or 0.0, self.mismatched)
 
     def to_json(self) -> dict:
         return {"layer": self.layer, "boundary": self.boundary, "kind": self.kind,
                 "tensors": self.tensors, "diverged": self.diverged, "unmeasured": self.unmeasured,
                 "numel": self.numel, "mismatched": self.mismatched,
                 "mismatch_fraction": self.mismatch_fraction, "max_abs": json_number(self.max_abs),
-                "max_ulp": self.max_ulp, "first_diverged": self.first.name if self.first else None}
+                "max_ulp": self.max_ulp, "max_ulp_at_scale": json_number(self.max_ulp_at_scale),
+                "first_diverged": self.first.name if self.first else None}
 
 
 @dataclass

@@ -65,8 +65,10 @@ def _opened(dump: Dump | str | Path, allow_incomplete: bool) -> Dump:
 
 
 def _notes(a: Dump, b: Dump) -> list[str]:
-    return [f"side {label} is incomplete: {problem}"
-            for label, dump in (("A", a), ("B", b)) for problem in dump.problems]
+    same = [f"A and B are the same dump ({a.path}): it matches itself by construction; give two "
+            "different runs to bisect"] if a.is_same_dump(b) else []
+    return same + [f"side {label} is incomplete: {problem}"
+                   for label, dump in (("A", a), ("B", b)) for problem in dump.problems]
 
 
 def _first_divergent(stream: Stream, comparator: EventComparator) -> tuple[int, Comparison] | None:

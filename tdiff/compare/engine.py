@@ -102,6 +102,10 @@ class CompareReport:
     def first_divergence(self) -> Comparison | None:
         return next((c for c in self.comparisons if c.diverged), None)
 
+    @property
+    def same_dump(self) -> bool:
+        return self.a.is_same_dump(self.b)
+
     def counts(self) -> dict:
         counts = {"compared": len(self.comparisons), "match": 0}
         for status in DIVERGED_STATUSES:
@@ -118,6 +122,7 @@ class CompareReport:
             "b": {"path": str(self.b.path), "side": self.b.side, "problems": self.b.problems},
             "tolerance": self.options.tolerance.describe(),
             "summary": self.counts(),
+            "same_dump": self.same_dump,
             "first_divergence": first.to_json() if first else None,
             "tensors": [c.to_json() for c in self.comparisons],
             **({"alignment": self.alignment.to_json()} if self.alignment is not None else {}),

@@ -76,6 +76,9 @@ def render_compare(report: CompareReport, console: Console, top: int | None = No
 def summary_line(report: CompareReport) -> str:
     counts = report.counts()
     first = report.first_divergence
+    if first is None and report.same_dump:
+        return (f"match: A and B are the same dump ({report.a.path}), so its {counts['compared']} tensors "
+                "equal themselves; give two different runs to compare")
     if first is None:
         return f"match: all {counts['compared']} tensors equal ({report.options.tolerance.describe()})"
     diverged = counts["compared"] - counts["match"]

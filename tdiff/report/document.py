@@ -81,10 +81,10 @@ def build_document(report: Report) -> Document:
     doc.blocks.append(Paragraph(headline(report)))
     doc.blocks.append(Paragraph(counts_line(report)))
     doc.blocks += [Paragraph((Strong("Warning:"), f" {problem}")) for problem in report.problems]
+    if report.bisect is not None:  # the answer first, right under the headline
+        doc.blocks += [Heading("Bisect", "bisect"), *bisect_blocks(report.bisect)]
     doc.blocks.append(Plots())
     doc.blocks.append(layer_table(report))
-    if report.bisect is not None:
-        doc.blocks += [Heading("Bisect", "bisect"), *bisect_blocks(report.bisect)]
     if report.patch_results is not None:
         doc.blocks.append(patch_table(report.patch_results))
     doc.blocks.append(environment_table(report))
@@ -97,6 +97,10 @@ def build_document(report: Report) -> Document:
 # ---- summary ----
 def headline(report: Report) -> tuple:
     culprit = report.culprit
+    if culprit is None and report.same_dump is not None:
+        return (Strong("Match:"), " A and B are the same dump (", Code(report.same_dump),
+                f"), so its {report.counts['compared']:,} tensors equal themselves; give two different "
+                "runs to compare.")
     if culprit is None:
         equal = "bitwise equal" if report.tolerance == "bitwise" else f"equal within {report.tolerance}"
         return (Strong("Match:"), f" all {report.counts['compared']:,} tensors are {equal}.")

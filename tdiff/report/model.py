@@ -186,6 +186,7 @@ class Report:
     problems: list[str] = field(default_factory=list)
     bisect: dict | None = None
     patch_results: dict | None = None
+    same_dump: str | None = None      # the path, when A and B are the same dump
 
     @property
     def layer_numbers(self) -> list[int]:
@@ -193,7 +194,7 @@ class Report:
 
     def to_json(self) -> dict:
         return {"status": self.status, "a": self.side_a, "b": self.side_b, "tolerance": self.tolerance,
-                "summary": self.counts, "summary_line": self.summary,
+                "summary": self.counts, "summary_line": self.summary, "same_dump": self.same_dump is not None,
                 "culprit": self.culprit.to_json() if self.culprit else None,
                 "layers": [row.to_json() for row in self.layers],
                 "boundaries": [row.to_json() for row in self.boundaries],
@@ -220,7 +221,8 @@ def build_report(compare: CompareReport, *, pairing: Pairing | None = None, bise
                   counts=compare.counts(), summary=summary_line(compare), comparisons=compare.comparisons,
                   boundaries=boundaries, layers=layer_rows(boundaries), culprit=culprit,
                   environment=environment_of(compare.a, compare.b), problems=problems,
-                  bisect=bisect, patch_results=patch_results)
+                  bisect=bisect, patch_results=patch_results,
+                  same_dump=str(compare.a.path) if compare.same_dump else None)
 
 
 def boundary_rows(comparisons: list[Comparison]) -> list[BoundaryRow]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,19 @@ def tiny_qwen2(dtype=torch.float32, layers: int = 2, seed: int = 0):
 
 def token_ids(tokens: int = 12, seed: int = 1, vocab: int = 128) -> torch.Tensor:
     return torch.randint(0, vocab, (1, tokens), generator=torch.Generator().manual_seed(seed))
+
+
+def fresh_clone(into: Path) -> Path:
+    """A copy of the repository's files (tracked, and new ones git does not ignore) at ``into``,
+    as a fresh clone has them: no .venv, no build outputs."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source = REPO / name
+        if source.is_file():  # a deleted, not yet committed file is still listed
+            (into / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, into / name)
+    return into
 
 
 def tdiff_cli(*args, expect: int | None = None):

@@ -4,7 +4,7 @@
 - heatmap: boundaries × layers, coloured by mismatch fraction;
 - tokens: the culprit tensor's error per token.
 
-matplotlib is imported here only, when an HTML report is made (``pip install tdiff[report]``).
+matplotlib is imported here only, when an HTML report is made (``pip install torch-tdiff[report]``).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def require_matplotlib():
     try:
         import matplotlib
     except ImportError:
-        raise TdiffError("the HTML report needs matplotlib: pip install 'tdiff[report]'") from None
+        raise TdiffError("the HTML report needs matplotlib: pip install 'torch-tdiff[report]'") from None
     return matplotlib
 
 

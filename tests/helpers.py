@@ -52,6 +52,20 @@ def tdiff_cli(*args, expect: int | None = None):
     return result
 
 
+def installed_tdiff() -> str:
+    """The installed `tdiff` console script of this Python. Unlike ``python -m tdiff`` it does not
+    put the current directory on sys.path: it sees what a user's `tdiff` sees."""
+    script = shutil.which("tdiff", path=os.path.dirname(sys.executable))
+    assert script, "the tdiff console script is not installed next to this Python (pip install -e .)"
+    return script
+
+
+def tdiff_command(*args, cwd=None, env=None, timeout=600):
+    """Run the installed `tdiff` command (see :func:`installed_tdiff`) as a real subprocess."""
+    return subprocess.run([installed_tdiff(), *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
 def tdiff_process(*args, cwd=None, env=None, timeout=600):
     """Run the CLI as a real subprocess (python -m tdiff)."""
     return subprocess.run([sys.executable, "-m", "tdiff", *map(str, args)], cwd=cwd, capture_output=True,

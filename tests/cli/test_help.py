@@ -2,14 +2,13 @@
 model framework until a command actually runs."""
 
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 
 from tdiff.cli import COMMANDS
-from tests.helpers import REPO
+from tests.helpers import REPO, installed_tdiff
 
 HEAVY = ("torch", "numpy", "transformers", "megatron", "sglang", "safetensors", "h5py", "matplotlib")
 PATCH_SUBCOMMANDS = ("apply", "check", "try")
@@ -17,8 +16,7 @@ PATCH_SUBCOMMANDS = ("apply", "check", "try")
 
 def imported_modules(args: list[str]) -> set[str]:
     """Top-level modules imported by the installed `tdiff` script run with ARGS (python -X importtime)."""
-    script = shutil.which("tdiff", path=os.path.dirname(sys.executable))
-    assert script, "the tdiff console script is not installed next to this Python"
+    script = installed_tdiff()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run([sys.executable, "-X", "importtime", script, *args], capture_output=True,
                             text=True, env=env, timeout=120)

@@ -9,7 +9,7 @@ import textwrap
 from tdiff.bootstrap import child_environment
 from tdiff.source_patcher.spec import parse_patch_file, patches_config
 from tdiff.store import open_dump
-from tests.helpers import tdiff_cli, tdiff_process
+from tests.helpers import tdiff_cli, tdiff_command, tdiff_process
 
 TARGET = """\
 def scaled(x):
@@ -184,3 +184,20 @@ def test_a_pinned_patch_refuses_a_changed_source(tmp_path, monkeypatch):
     result = tdiff_process("patch", "apply", "--config", fixes, "--", sys.executable, "-c", "pass", env=env)
     assert result.returncode == 2
     assert f"patch 'triple' ({module}.scaled" in result.stderr and "pin mismatch" in result.stderr
+
+
+def test_a_target_in_the_current_directory_needs_pythonpath_and_the_message_says_so(tmp_path):
+    package = tmp_path / f"local_{tmp_path.name[-8:].replace('-', '_')}"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "code.py").write_text(TARGET)
+    fixes = tmp_path / "fixes.yaml"
+    fixes.write_text(FIXES.format(module=f"{package.name}.code", second_match="return x * factor",
+                                  second_name="shift"))
+    only_tdiff = {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    result = tdiff_command("patch", "check", "--config", fixes, cwd=tmp_path, env=only_tdiff)
+    assert result.returncode == 2
+    assert (f"package {package.name!r} is not installed (it is in the current directory: run with PYTHONPATH=. "
+            "to patch it)") in result.stderr
+    here = {"PYTHONPATH": os.pathsep.join([".", os.environ.get("PYTHONPATH", "")])}
+    assert tdiff_command("patch", "check", "--config", fixes, cwd=tmp_path, env=here).returncode == 0

@@ -34,6 +34,12 @@ pip_install() {  # pip's output goes to the log, and is shown when pip fails
   echo "setup: pip install $*" >&2
   pip install "$@" >"$log" 2>&1 || { cat "$log" >&2; echo "setup: pip install failed" >&2; exit 1; }
 }
+# the distribution was called `tdiff` until it became torch-tdiff: drop an install under the old
+# name, so that one distribution owns the package and the `tdiff` command
+if pip show --quiet tdiff >/dev/null 2>&1; then
+  echo "setup: pip uninstall tdiff (now torch-tdiff)" >&2
+  pip uninstall --yes tdiff >"$log" 2>&1 || { cat "$log" >&2; echo "setup: pip uninstall failed" >&2; exit 1; }
+fi
 # torch first and pinned: the CPU build from local disk, never a CUDA download
 python -c "import torch" 2>/dev/null || pip_install torch==2.13.0
 pip_install -c requirements/constraints.txt -e ".[test,hf,megatron,report]"

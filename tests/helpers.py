@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,19 @@ def token_ids(tokens: int = 12, seed: int = 1, vocab: int = 128) -> torch.Tensor
     return torch.randint(0, vocab, (1, tokens), generator=torch.Generator().manual_seed(seed))
 
 
+def fresh_clone(into: Path) -> Path:
+    """A copy of the repository's files (tracked, and new ones git does not ignore) at ``into``,
+    as a fresh clone has them: no .venv, no build outputs."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source = REPO / name
+        if source.is_file():  # a deleted, not yet committed file is still listed
+            (into / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, into / name)
+    return into
+
+
 def tdiff_cli(*args, expect: int | None = None):
     """Run the CLI in-process through click's CliRunner; checks the exit code when given."""
     from tdiff.cli import cli
@@ -36,6 +50,20 @@ def tdiff_cli(*args, expect: int | None = None):
     if expect is not None:
         assert result.exit_code == expect, (result.exit_code, result.output)
     return result
+
+
+def installed_tdiff() -> str:
+    """The installed `tdiff` console script of this Python. Unlike ``python -m tdiff`` it does not
+    put the current directory on sys.path: it sees what a user's `tdiff` sees."""
+    script = shutil.which("tdiff", path=os.path.dirname(sys.executable))
+    assert script, "the tdiff console script is not installed next to this Python (pip install -e .)"
+    return script
+
+
+def tdiff_command(*args, cwd=None, env=None, timeout=600):
+    """Run the installed `tdiff` command (see :func:`installed_tdiff`) as a real subprocess."""
+    return subprocess.run([installed_tdiff(), *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
 
 
 def tdiff_process(*args, cwd=None, env=None, timeout=600):

@@ -70,6 +70,17 @@ def explicit_kind(name: str) -> str | None:
     return None
 
 
+def record_kind(record, adapter_kind: str | None = None) -> str:
+    """The kind of a recorded tensor's boundary: an adapter's canonical kind when it gave one,
+    else the explicit dump's name or the module's class and path. Bisect, compare and the report
+    all name kinds with it."""
+    if adapter_kind:
+        return adapter_kind
+    if record.role == "explicit":
+        return explicit_kind(record.name) or "other"
+    return module_kind(record.module, record.module_class)
+
+
 def between_kind(*, parent: str | None, parent_kind: str | None, before: str | None,
                  after: str | None) -> str:
     """The kind of the code between two recorded events in ``parent``'s forward.

@@ -34,8 +34,8 @@ def render_bisect(result: BisectResult, console: Console) -> None:
         say(f"  {escape(d.description)}")
         say(f"  first differing tensor {escape(d.name)}: {escape(describe(d.comparison))}")
         if result.trail:
-            chain = " > ".join(f"{escape(t.module or '(model)')} (max ULP "
-                               f"{fmt_number(t.comparison.metrics.max_ulp) if t.comparison.metrics else '-'})"
+            chain = " > ".join(f"{escape(t.module or '(model)')} (ULP at scale "
+                               f"{fmt_number(t.comparison.metrics.max_ulp_at_scale) if t.comparison.metrics else '-'})"
                                for t in result.trail)
             say(f"  enclosing modules that diverged too: {chain}")
         say(f"  {result.checked:,} events compared ({result.tolerance})")

@@ -5,8 +5,8 @@
                           "module": "model.layers.1.post_attention_layernorm", "module_b": "...",
                           "layer": 1, "kind": "norm", "step": 0, "event": "output",
                           "introduced": true,
-                          "metrics": {"max_abs": 0.0156, "max_ulp": 1, "mismatch_fraction": 0.39,
-                                      "cosine": 0.99999},
+                          "metrics": {"max_abs": 0.0156, "max_ulp": 1, "max_ulp_at_scale": 0.5,
+                                      "mismatch_fraction": 0.39, "cosine": 0.99999},
                           "description": "...", "call": 0, "rank": 0, "reason": null},
      "checked": 75,
      "trail": [{"name": "model.layers.1", "module": "model.layers.1", ...}, ...]}
@@ -37,8 +37,10 @@ class Section(Protocol):
 def metrics_json(comparison: Comparison | None) -> dict:
     m = comparison.metrics if comparison is not None else None
     if m is None:
-        return {"max_abs": None, "max_ulp": None, "mismatch_fraction": None, "cosine": None}
+        return {"max_abs": None, "max_ulp": None, "max_ulp_at_scale": None, "mismatch_fraction": None,
+                "cosine": None}
     return {"max_abs": json_number(m.max_abs), "max_ulp": m.max_ulp,
+            "max_ulp_at_scale": json_number(m.max_ulp_at_scale),
             "mismatch_fraction": json_number(m.mismatch_fraction), "cosine": json_number(m.cosine)}
 
 

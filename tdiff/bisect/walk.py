@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tdiff.bisect.events import (Stream, enclosing_outputs, last_child_event, parent_of,
                                  previous_at_level, split_streams)
-from tdiff.bisect.kinds import between_kind, explicit_kind, module_kind
+from tdiff.bisect.kinds import between_kind, explicit_kind, module_kind, record_kind
 from tdiff.bisect.result import BisectResult, Divergence, TrailEntry
 from tdiff.bisect.verdict import EventComparator
 from tdiff.compare.engine import Comparison
@@ -65,8 +65,10 @@ def _opened(dump: Dump | str | Path, allow_incomplete: bool) -> Dump:
 
 
 def _notes(a: Dump, b: Dump) -> list[str]:
-    return [f"side {label} is incomplete: {problem}"
-            for label, dump in (("A", a), ("B", b)) for problem in dump.problems]
+    same = [f"A and B are the same dump ({a.path}): it matches itself by construction; give two "
+            "different runs to bisect"] if a.is_same_dump(b) else []
+    return same + [f"side {label} is incomplete: {problem}"
+                   for label, dump in (("A", a), ("B", b)) for problem in dump.problems]
 
 
 def _first_divergent(stream: Stream, comparator: EventComparator) -> tuple[int, Comparison] | None:
@@ -160,13 +162,7 @@ def _trail(stream: Stream, calls: list[list[int]], comparator: EventComparator) 
 
 
 def _pair_kind(pair: Pair) -> str:
-    """An adapter's canonical kind when it gave one, else the module's class and name."""
-    if pair.kind:
-        return pair.kind
-    record = pair.record
-    if record.role == "explicit":
-        return explicit_kind(record.name) or "other"
-    return module_kind(record.module, record.module_class)
+    return record_kind(pair.record, pair.kind)
 
 
 def _event_kind(stream: Stream, index: int, forward: str | None) -> str | None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from tdiff.cli.options import tolerance_from, tolerance_options
+from tdiff.cli.options import quiet_option, tolerance_from, tolerance_options
 from tdiff.errors import TdiffError
 
 GIB = 1 << 30
@@ -33,15 +33,16 @@ GIB = 1 << 30
 @click.option("--no-stats-pass", is_flag=True,
               help="Online: no stats pass; binary-search boundaries with selective captures.")
 @click.option("--steps", metavar="RANGES", help="Online: only these steps (forward passes), e.g. 0-1.")
-@click.option("--work", type=click.Path(file_okay=False, path_type=Path),
+@click.option("--workdir", "--work", "work", type=click.Path(file_okay=False, path_type=Path),
               help="Online and --graft: keep the runs' captures and logs in this new directory "
                    "(default: a temporary one, removed at the end).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--allow-incomplete", is_flag=True, help="Bisect what an incomplete dump holds.")
 @click.option("--mapping", type=click.Path(dir_okay=False), metavar="FILE",
               help="YAML mapping of module paths to canonical boundaries, for models no adapter knows.")
+@quiet_option
 def bisect(dumps, run_a, run_b, exact, atol, rtol, graft, try_spec, budget_gb, no_stats_pass, steps, work,
-           as_json, allow_incomplete, mapping):
+           as_json, allow_incomplete, mapping, quiet):
     """Name the first op boundary where two runs part, and what kind of op it is.
 
     \b
@@ -69,7 +70,7 @@ def bisect(dumps, run_a, run_b, exact, atol, rtol, graft, try_spec, budget_gb, n
     _check_usage(dumps, run_a, run_b, graft or try_spec is not None, online, budget_gb, no_stats_pass, steps, work)
     if try_spec is not None and run_b is None:
         raise TdiffError("--try reruns side B under each candidate: give its command with --run-b")
-    progress = make_console(stderr=True)
+    progress = make_console(stderr=True, quiet=quiet)
     with _work_dir(work, needed=online or graft or try_spec is not None) as work_dir:
         if online:
             result, runner, final_a = _online(run_a, run_b, work_dir, tolerance, budget_gb,
@@ -105,8 +106,8 @@ def bisect(dumps, run_a, run_b, exact, atol, rtol, graft, try_spec, budget_gb, n
             click.echo(json.dumps(result.to_json(), indent=1))
         else:
             render_bisect(result, make_console())
-            if work is None and (online or graft):
-                click.echo("(the runs' captures were removed; pass --work DIR to keep them)")
+            if work is None and (online or graft) and not quiet:
+                click.echo("(the runs' captures were removed; pass --workdir DIR to keep them)")
     sys.exit(result.exit_code)
 
 
@@ -147,11 +148,11 @@ def _check_usage(dumps, run_a, run_b, reruns_b, online, budget_gb, no_stats_pass
     if not reruns_b and not online and run_b is not None:
         raise TdiffError("--run-b without --run-a is only for --graft and --try")
     if work is not None and not (online or reruns_b):
-        raise TdiffError("--work applies to online bisection, --graft and --try, which run commands")
+        raise TdiffError("--workdir applies to online bisection, --graft and --try, which run commands")
 
 
 class _work_dir:
-    """--work DIR (created, kept) or a temporary directory removed at the end."""
+    """--workdir DIR (created, kept) or a temporary directory removed at the end."""
 
     def __init__(self, work: Path | None, needed: bool):
         self.work, self.needed, self.path = work, needed, None
@@ -163,7 +164,7 @@ class _work_dir:
             self.path = Path(tempfile.mkdtemp(prefix="tdiff-bisect-"))
             return self.path
         if self.work.exists() and any(self.work.iterdir()):
-            raise TdiffError(f"--work {self.work} is not empty; choose a new directory")
+            raise TdiffError(f"--workdir {self.work} is not empty; choose a new directory")
         self.work.mkdir(parents=True, exist_ok=True)
         return self.work
 

@@ -10,12 +10,7 @@ import click
 
 from tdiff.cli.options import parse_size, quiet_option
 from tdiff.errors import TdiffError
-from tdiff.hooks.run import run_captured
-from tdiff.hooks.selection import compile_patterns, parse_ranges
-from tdiff.report.progress import progress_bar
-from tdiff.store.manifest import DUMP_FILE, describe_exit
-from tdiff.store.reader import open_dump
-from tdiff.store.storage import STORAGES
+from tdiff.store.manifest import DATA_DIR, DUMP_FILE, MANIFEST_DIR, STORAGES, describe_exit, read_part
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -38,7 +33,8 @@ from tdiff.store.storage import STORAGES
 @click.option("--graph-budget", default="1GiB", show_default=True, metavar="SIZE",
               help="GPU memory for the static buffers that record tensors inside CUDA graphs; past "
                    "it, the rest of a graph is recorded as statistics (see docs/GPU.md).")
-@click.option("--force", is_flag=True, help="Replace an existing dump in --out.")
+@click.option("--force", is_flag=True, help="Replace a dump in --out that holds records (one that holds "
+                                        "none, from a failed run, is replaced anyway).")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
               help="Run the command N times into --out/run-1 ... run-N; `tdiff bisect OUT` then "
                    "names the first op that is not bitwise repeatable.")
@@ -56,6 +52,9 @@ def capture(out, side, select, exclude, layers, steps, mode, storage, max_pendin
     Each process (rank) writes its own manifest and shards into --out. Exit status: the
     command's own when it fails, 2 when nothing was captured, else 0.
     """
+    from tdiff.hooks.run import run_captured
+    from tdiff.hooks.selection import compile_patterns
+
     compile_patterns(select, "--select")
     compile_patterns(exclude, "--exclude")
     config = {"side": side or out.name, "select": list(select),
@@ -80,6 +79,8 @@ def capture(out, side, select, exclude, layers, steps, mode, storage, max_pendin
 
 
 def _ranges_text(text: str | None, what: str) -> str | None:
+    from tdiff.hooks.selection import parse_ranges
+
     parse_ranges(text, what)  # validate before the command starts
     return text
 
@@ -91,13 +92,31 @@ def _prepare_out(out: Path, force: bool) -> None:
 
     if not ((out / DUMP_FILE).is_file() or (out / REPEAT_FILE).is_file()):
         raise TdiffError(f"{out} exists and is not a dump; choose another --out")
-    if not force:
+    # a run that failed before recording anything leaves nothing to protect: the retry replaces it
+    if not force and _holds_records(out):
         raise TdiffError(f"{out} already holds a dump; pass --force to replace it")
     shutil.rmtree(out)
 
 
+def _holds_records(folder: Path) -> bool:
+    """Whether a dump (or a repeat folder's runs) holds any record or tensor data, complete or
+    not; a manifest that cannot be read counts as holding some."""
+    from tdiff.errors import DumpError
+
+    for manifest in folder.rglob(f"{MANIFEST_DIR}/*.jsonl"):
+        try:
+            if read_part(manifest).records:
+                return True
+        except DumpError:
+            if manifest.stat().st_size > 0:
+                return True
+    return any(path.is_file() for data in folder.rglob(DATA_DIR) for path in data.rglob("*"))
+
+
 def _summarize(out: Path, returncode: int, quiet: bool) -> None:
     from tdiff.errors import DumpError
+    from tdiff.report.progress import progress_bar
+    from tdiff.store.reader import open_dump
 
     try:
         with progress_bar("reading the dump's manifests", quiet=quiet):

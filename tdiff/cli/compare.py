@@ -7,19 +7,13 @@ import sys
 
 import click
 
-from tdiff.align import choose_pairing
-from tdiff.align.render import render_alignment
 from tdiff.cli.options import quiet_option, tolerance_from, tolerance_options
-from tdiff.compare.engine import CompareOptions, compare_dumps
-from tdiff.report.console import make_console, render_compare
-from tdiff.report.progress import progress_bar
-from tdiff.store.reader import open_dump
 
 
 @click.command()
 @click.argument("dump_a", metavar="A")
 @click.argument("dump_b", metavar="B")
-@click.option("--layer", type=int, help="Only tensors of decoder layer N.")
+@click.option("--layer", type=int, metavar="N", help="Only tensors of decoder layer N.")
 @click.option("--select", multiple=True, metavar="REGEX", help="Only tensors whose name matches (repeatable).")
 @tolerance_options
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
@@ -42,6 +36,13 @@ def compare(dump_a, dump_b, layer, select, exact, atol, rtol, as_json, top, allo
 
     Exit status: 0 all tensors match, 1 a divergence, 2 bad input.
     """
+    from tdiff.align import choose_pairing
+    from tdiff.align.render import render_alignment
+    from tdiff.compare.engine import CompareOptions, compare_dumps
+    from tdiff.report.console import make_console, render_compare
+    from tdiff.report.progress import progress_bar
+    from tdiff.store.reader import open_dump
+
     tolerance = tolerance_from(exact, atol, rtol)
     a = open_dump(dump_a, allow_incomplete=allow_incomplete)
     b = open_dump(dump_b, allow_incomplete=allow_incomplete)

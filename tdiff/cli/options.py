@@ -1,4 +1,7 @@
-"""Options shared by several commands, and their conversion to library objects."""
+"""Options shared by several commands, and their conversion to library objects.
+
+Light at import (no torch): `tdiff CMD --help` must answer at once, so library modules are
+imported where an option is converted."""
 
 from __future__ import annotations
 
@@ -6,7 +9,6 @@ import re
 
 import click
 
-from tdiff.compare.metrics import EXACT, Tolerance
 from tdiff.errors import TdiffError
 
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*", re.IGNORECASE)
@@ -19,7 +21,9 @@ def tolerance_options(command):
     return command
 
 
-def tolerance_from(exact: bool, atol: float | None, rtol: float | None) -> Tolerance:
+def tolerance_from(exact: bool, atol: float | None, rtol: float | None):
+    from tdiff.compare.metrics import EXACT, Tolerance
+
     if exact and (atol is not None or rtol is not None):
         raise TdiffError("--exact cannot be combined with --atol/--rtol")
     for name, value in (("--atol", atol), ("--rtol", rtol)):

@@ -11,14 +11,9 @@ import tempfile
 from pathlib import Path
 
 import click
-from rich.table import Table
-from rich.text import Text
 
-from tdiff.bootstrap import child_environment
-from tdiff.cli.options import tolerance_from, tolerance_options
+from tdiff.cli.options import quiet_option, tolerance_from, tolerance_options
 from tdiff.errors import TdiffError
-from tdiff.hooks.selection import compile_patterns, parse_ranges
-from tdiff.report.console import fmt_number, make_console
 
 _RUN = {"ignore_unknown_options": True, "allow_interspersed_args": False}
 _CONFIG_HELP = "Patch file, or builtin / builtin:NAME,... for catalogue entries."
@@ -34,8 +29,9 @@ def patch():
 
 @patch.command(context_settings=_RUN)
 @click.option("--config", "config", required=True, metavar="FILE|builtin[:NAMES]", help=_CONFIG_HELP)
+@quiet_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def apply(config, command):
+def apply(config, quiet, command):
     """Run COMMAND with the patches active in every Python process it starts.
 
     \b
@@ -46,6 +42,7 @@ def apply(config, command):
     here (exit 2). In the command's processes a patch applies when its module is imported; one
     that fails there ends that process with status 2. Exit status: the command's own.
     """
+    from tdiff.bootstrap import child_environment
     from tdiff.source_patcher.bootstrap import child_config, read_applied_log
     from tdiff.source_patcher.catalogue import patches_from
 
@@ -62,8 +59,10 @@ def apply(config, command):
     took = sorted({entry["patch"] for entry in applied})
     never = [p.name for p in patches if p.name not in took]
     processes = len({entry["pid"] for entry in applied})
-    click.echo(f"tdiff: {len(took)} of {len(patches)} patch(es) applied in {processes} process(es)"
-               + (f"; never applied (target module not imported): {', '.join(never)}" if never else ""), err=True)
+    if not quiet or never:  # a patch that never applied is a warning
+        click.echo(f"tdiff: {len(took)} of {len(patches)} patch(es) applied in {processes} process(es)"
+                   + (f"; never applied (target module not imported): {', '.join(never)}" if never else ""),
+                   err=True)
     if returncode != 0:
         sys.exit(returncode if returncode > 0 else 128 - returncode)
 
@@ -71,7 +70,8 @@ def apply(config, command):
 @patch.command()
 @click.option("--config", "config", required=True, metavar="FILE|builtin[:NAMES]", help=_CONFIG_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-def check(config, as_json):
+@quiet_option
+def check(config, as_json, quiet):
     """Check that every patch still applies to the installed packages, running nothing.
 
     For CI after an upgrade: targets are found in the installed files, pins compared, edits
@@ -87,6 +87,8 @@ def check(config, as_json):
                               indent=1))
     else:
         for r in results:
+            if quiet and r.status != STALE:
+                continue
             detail = f": {r.reason}" if r.reason else f"  ({r.location}, sha256 {r.sha256})" if r.sha256 else ""
             click.echo(f"{r.status:<13} {r.patch.name}  {r.patch.target}{detail}")
     if stale:
@@ -97,7 +99,7 @@ def check(config, as_json):
 @click.option("--candidates", required=True, metavar="FILE|builtin[:NAMES]",
               help="Patch file (each patch, then each combination it lists), or catalogue entries.")
 @click.option("--baseline", required=True, metavar="DUMP_A", help="The dump run B should match.")
-@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),
+@click.option("--workdir", "--work", "workdir", type=click.Path(file_okay=False, path_type=Path),
               help="Where the runs' dumps and logs go (default: a new ./tdiff-try-* directory).")
 @click.option("--select", multiple=True, metavar="REGEX", help="Capture only these modules, as for the baseline.")
 @click.option("--exclude", multiple=True, metavar="REGEX", help="Skip these modules, as for the baseline.")
@@ -110,9 +112,10 @@ def check(config, as_json):
                    "compare with that: for fixes both sides must share, such as batch invariance.")
 @tolerance_options
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@quiet_option
 @click.argument("command_b", nargs=-1, required=True, type=click.UNPROCESSED)
 def try_(candidates, baseline, workdir, select, exclude, layers, steps, batch_row, rerun_baseline, exact, atol,
-         rtol, as_json, command_b):
+         rtol, as_json, quiet, command_b):
     """Run COMMAND_B once unpatched and once per candidate; rank the candidates against DUMP_A.
 
     \b
@@ -124,6 +127,8 @@ def try_(candidates, baseline, workdir, select, exclude, layers, steps, batch_ro
     unpatched control, then fewer mismatched tensors, then smaller max ULP.
     Exit status: 0 some candidate matches, 1 none does, 2 bad input or the control run failed.
     """
+    from tdiff.hooks.selection import compile_patterns, parse_ranges
+    from tdiff.report.console import make_console
     from tdiff.source_patcher.catalogue import candidates_from
     from tdiff.source_patcher.trial import CaptureSelection, try_candidates
 
@@ -134,7 +139,7 @@ def try_(candidates, baseline, workdir, select, exclude, layers, steps, batch_ro
     parse_ranges(steps, "--steps")
     chosen = candidates_from(candidates)
     _refuse_stale([list(c.patches) for c in chosen])
-    console = make_console(stderr=True)
+    console = make_console(stderr=True, quiet=quiet)
 
     def progress(result, done, total):
         where = result.first_divergence["name"] if result.first_divergence else ""
@@ -175,6 +180,11 @@ def _stale_message(stale, total: int) -> str:
 
 
 def _render(report, console) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    from tdiff.report.console import fmt_number
+
     control = report.control
     console.print(f"baseline {report.baseline}; runs and logs in {report.workdir} ({report.tolerance})",
                   highlight=False)

@@ -8,14 +8,8 @@ from pathlib import Path
 
 import click
 
-from tdiff.align import choose_pairing
-from tdiff.bisect import bisect_dumps
 from tdiff.cli.options import quiet_option, tolerance_from, tolerance_options
-from tdiff.compare.engine import CompareOptions, compare_dumps
 from tdiff.errors import TdiffError
-from tdiff.report.model import build_report, read_patch_results
-from tdiff.report.progress import progress_bar
-from tdiff.store.reader import open_dump
 
 
 @click.command()
@@ -25,6 +19,8 @@ from tdiff.store.reader import open_dump
               help="md: for a pull request; html: one self-contained file with plots; json: every row.")
 @click.option("--out", "-o", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
               help="Write the report to FILE (default: standard output).")
+@click.option("--layer", type=int, metavar="N",
+              help="Only tensors of decoder layer N (--bisect still walks every layer).")
 @click.option("--bisect", "with_bisect", is_flag=True,
               help="Also bisect to the op that introduces the divergence.")
 @click.option("--patch-results", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
@@ -36,7 +32,7 @@ from tdiff.store.reader import open_dump
 @click.option("--mapping", type=click.Path(dir_okay=False), metavar="FILE",
               help="YAML mapping of module paths to canonical boundaries, for models no adapter knows.")
 @quiet_option
-def report(dump_a, dump_b, fmt, out, with_bisect, patch_results, gh_comment, exact, atol, rtol,
+def report(dump_a, dump_b, fmt, out, layer, with_bisect, patch_results, gh_comment, exact, atol, rtol,
            allow_incomplete, mapping, quiet):
     """Write a report of dumps A and B: the first divergence, error per layer and boundary,
     the environment, and optionally bisect and patch-trial results.
@@ -52,6 +48,13 @@ def report(dump_a, dump_b, fmt, out, with_bisect, patch_results, gh_comment, exa
 
     Exit status: 0 match, 1 divergence (the report is written either way), 2 bad input.
     """
+    from tdiff.align import choose_pairing
+    from tdiff.bisect import bisect_dumps
+    from tdiff.compare.engine import CompareOptions, compare_dumps
+    from tdiff.report.model import build_report
+    from tdiff.report.progress import progress_bar
+    from tdiff.store.reader import open_dump
+
     if gh_comment and (fmt != "md" or out is not None):
         raise TdiffError("--gh-comment prints Markdown on standard output; drop --format/--out")
     tolerance = tolerance_from(exact, atol, rtol)
@@ -64,7 +67,8 @@ def report(dump_a, dump_b, fmt, out, with_bisect, patch_results, gh_comment, exa
     b = open_dump(dump_b, allow_incomplete=allow_incomplete)
     pairing = choose_pairing(a, b, mapping)
     with progress_bar("comparing", quiet=quiet) as advance:
-        compared = compare_dumps(a, b, CompareOptions(tolerance=tolerance), pairing=pairing, progress=advance)
+        compared = compare_dumps(a, b, CompareOptions(tolerance=tolerance, layer=layer),
+                                 pairing=pairing, progress=advance)
     bisected = bisect_dumps(a, b, tolerance=tolerance, pairing=pairing).to_json() if with_bisect else None
     with progress_bar("writing the report", quiet=quiet):
         result = build_report(compared, bisect=bisected, patch_results=patches)
@@ -94,6 +98,8 @@ def _render(result, fmt: str, gh_comment: bool) -> str:
 
 
 def _read_patch_results(path: Path) -> dict:
+    from tdiff.report.model import read_patch_results
+
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:

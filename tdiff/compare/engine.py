@@ -53,12 +53,20 @@ class Comparison:
         # an aligned pair's canonical name carries the layer (its records may sit elsewhere)
         return layer_of(self.name) if self.kind is not None else layer_of(self.record.module)
 
+    @property
+    def boundary_kind(self) -> str:
+        """The kind `tdiff bisect` gives this boundary: the adapter's canonical kind, else one read
+        from the module's class and path (tdiff.bisect.kinds)."""
+        from tdiff.bisect.kinds import record_kind  # imported here: tdiff.bisect imports this module
+
+        return record_kind(self.record, self.kind)
+
     def to_json(self) -> dict:
         r = self.record
         out = {"name": self.name, "status": self.status, "role": r.role, "step": r.step,
                "call": r.call, "rank": r.rank, "module": self.a.module if self.a else None,
                "module_b": self.b.module if self.b else None, "layer": self.layer,
-               "kind": self.kind, "dtype_a": self.a.dtype if self.a else None,
+               "kind": self.boundary_kind, "dtype_a": self.a.dtype if self.a else None,
                "dtype_b": self.b.dtype if self.b else None,
                "shape_a": list(self.a.shape) if self.a else None,
                "shape_b": list(self.b.shape) if self.b else None}
@@ -94,6 +102,10 @@ class CompareReport:
     def first_divergence(self) -> Comparison | None:
         return next((c for c in self.comparisons if c.diverged), None)
 
+    @property
+    def same_dump(self) -> bool:
+        return self.a.is_same_dump(self.b)
+
     def counts(self) -> dict:
         counts = {"compared": len(self.comparisons), "match": 0}
         for status in DIVERGED_STATUSES:
@@ -112,6 +124,7 @@ class CompareReport:
                   "notes": self.b.notes},
             "tolerance": self.options.tolerance.describe(),
             "summary": self.counts(),
+            "same_dump": self.same_dump,
             "first_divergence": first.to_json() if first else None,
             "tensors": [c.to_json() for c in self.comparisons],
             **({"alignment": self.alignment.to_json()} if self.alignment is not None else {}),

@@ -10,6 +10,11 @@ Rules:
   such elements are counted in ``nan_mismatch`` and left out of max_ulp, max_abs, mean_abs and
   max_rel (two NaNs with different payloads count as a mismatch with zero difference).
 - Integers and bool: the ULP distance is the integer difference.
+- ULP at scale: max |a-b| in units of the ULP at the tensor's largest magnitude (max |x| over the
+  finite elements of both sides), ``max_abs / ulp(max|x|)``. Raw ULP counts every representable
+  value between a and b, so a sign flip near zero (1e-9 against -1e-9 in fp32) is ~2e9 ULP while
+  it is far below one rounding step of the tensor's values; at scale it is ~0. 1 means one
+  rounding step of the tensor's largest values. Integers: the max difference (their ULP is 1).
 - Complex tensors are compared as their real view (real and imaginary parts side by side).
 
 Examples:
@@ -62,6 +67,7 @@ class TensorMetrics:
     mean_abs: float = 0.0
     max_rel: float = 0.0
     max_ulp: int | None = 0         # None where undefined (the dtypes differ)
+    max_ulp_at_scale: float | None = 0.0   # max_abs / ulp(max |x|); None where max_ulp is
     cosine: float = 1.0
     worst_index: tuple[int, ...] | None = None
     worst_a: float | None = None
@@ -86,6 +92,15 @@ def json_number(value):
     if isinstance(value, float) and not math.isfinite(value):
         return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
     return value
+
+
+def ulp_at(magnitude: float, dtype: torch.dtype) -> float:
+    """The spacing of ``dtype``'s representable values at ``magnitude`` (>= 0): eps * 2^exponent
+    for normal numbers, the subnormal spacing below the smallest normal."""
+    info = torch.finfo(dtype)
+    if magnitude < info.tiny:
+        return info.tiny * info.eps
+    return math.ldexp(info.eps, math.frexp(magnitude)[1] - 1)
 
 
 def bits_of(t: torch.Tensor) -> torch.Tensor:
@@ -165,6 +180,17 @@ def _values(t: torch.Tensor, wide: bool, name: str) -> np.ndarray | None:
         return None  # bit-container dtypes (bits8, uint4 ...) have no numeric value
 
 
+def _max_magnitude(values: np.ndarray) -> float:
+    """max |x| over the finite elements."""
+    if values.size == 0:
+        return 0.0
+    largest = max(abs(float(values.max())), abs(float(values.min())))
+    if math.isfinite(largest):
+        return largest
+    finite = values[np.isfinite(values)]
+    return float(np.abs(finite).max()) if finite.size else 0.0
+
+
 def _max_ulp(bits_a: np.ndarray, bits_b: np.ndarray) -> int:
     """Largest ULP distance between float bit patterns of one width (no NaN among them)."""
     if bits_a.size == 0:
@@ -191,6 +217,7 @@ class _Accumulator:
     releases the GIL, so two threads compare two pairs at once)."""
 
     def __init__(self, dtype_a: torch.dtype, dtype_b: torch.dtype, tolerance: Tolerance):
+        self.dtype = dtype_a
         self.same_dtype = dtype_a == dtype_b
         self.float_ulp = self.same_dtype and dtype_a in FLOAT_BITS
         self.int_ulp = self.same_dtype and not dtype_a.is_floating_point
@@ -200,6 +227,7 @@ class _Accumulator:
         self.numel = self.mismatched = self.outside = self.nan_mismatch = self.valid = 0
         self.max_abs = self.sum_abs = self.max_rel = 0.0
         self.max_ulp = 0
+        self.magnitude = 0.0   # max |x| over the finite elements of both sides, for ULP at scale
         self.norm_a = self.norm_b = self.diff_sq = 0.0   # for the cosine
         self.worst: tuple[float, int, float, float] | None = None  # (abs diff, index, a, b)
 
@@ -217,6 +245,7 @@ class _Accumulator:
         if av is None or bv is None:
             self._add_bits_only(differs, n_differs, offset)
             return
+        self.magnitude = max(self.magnitude, _max_magnitude(av))
         if n_differs == 0:
             square = float(np.dot(av, av))
             self.norm_a += square
@@ -224,6 +253,7 @@ class _Accumulator:
             self.valid += a.numel()
             return
         self.mismatched += n_differs
+        self.magnitude = max(self.magnitude, _max_magnitude(bv))
         n = a.numel()
         diff = _workspace.array("diff", av.dtype, n)
         with np.errstate(invalid="ignore"):  # inf - inf
@@ -297,6 +327,13 @@ class _Accumulator:
         cosine = (self.norm_a + self.norm_b - self.diff_sq) / (2 * math.sqrt(self.norm_a * self.norm_b))
         return max(-1.0, min(1.0, cosine))
 
+    def ulp_at_scale(self) -> float | None:
+        if not self.ulp_defined:
+            return None
+        if self.int_ulp:
+            return float(self.max_ulp)
+        return self.max_abs / ulp_at(self.magnitude, self.dtype)
+
     def result(self, shape: tuple[int, ...]) -> TensorMetrics:
         worst_index = worst_a = worst_b = None
         if self.worst is not None:
@@ -306,7 +343,8 @@ class _Accumulator:
             numel=self.numel, bitwise_equal=False, mismatched=self.mismatched,
             outside_tolerance=self.outside, nan_mismatch=self.nan_mismatch, max_abs=self.max_abs,
             mean_abs=self.sum_abs / self.valid if self.valid else 0.0, max_rel=self.max_rel,
-            max_ulp=self.max_ulp if self.ulp_defined else None, cosine=self.cosine(),
+            max_ulp=self.max_ulp if self.ulp_defined else None, max_ulp_at_scale=self.ulp_at_scale(),
+            cosine=self.cosine(),
             worst_index=worst_index, worst_a=worst_a, worst_b=worst_b)
 
 

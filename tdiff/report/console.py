@@ -11,8 +11,9 @@ from rich.text import Text
 from tdiff.compare.engine import CompareReport, Comparison
 
 
-def make_console(stderr: bool = False) -> Console:
-    console = Console(stderr=stderr, highlight=False, soft_wrap=False)
+def make_console(stderr: bool = False, quiet: bool = False) -> Console:
+    """``quiet``: a console that prints nothing (informational lines under --quiet)."""
+    console = Console(stderr=stderr, highlight=False, soft_wrap=False, quiet=quiet)
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console.width = 140  # logs and CI: wide enough for full tensor names
     return console
@@ -36,7 +37,8 @@ def describe(c: Comparison) -> str:
         return c.reason or c.status
     m = c.metrics
     text = (f"{m.mismatched:,}/{m.numel:,} elements differ ({100 * m.mismatch_fraction:.3g}%), "
-            f"max abs {fmt_number(m.max_abs)}, max ULP {fmt_number(m.max_ulp)}, cosine {m.cosine:.9f}")
+            f"max abs {fmt_number(m.max_abs)}, ULP at scale {fmt_number(m.max_ulp_at_scale)} "
+            f"(raw max ULP {fmt_number(m.max_ulp)}), cosine {m.cosine:.9f}")
     if m.worst_index is not None:
         text += f", worst at {list(m.worst_index)}: {m.worst_a!r} vs {m.worst_b!r}"
     return f"{c.reason}; {text}" if c.reason else text
@@ -50,7 +52,7 @@ def render_compare(report: CompareReport, console: Console, top: int | None = No
                   title_justify="left", show_lines=False)
     table.add_column("#", justify="right", no_wrap=True)
     table.add_column("tensor", overflow="fold", min_width=24, ratio=1)
-    for column in ("role", "step:call", "status", "mismatch", "max abs", "max ULP", "cosine"):
+    for column in ("role", "step:call", "status", "mismatch", "max abs", "ULP at scale", "cosine"):
         table.add_column(column, justify="left" if column in ("role", "status") else "right", no_wrap=True)
     for index in shown:
         c = comparisons[index]
@@ -60,7 +62,7 @@ def render_compare(report: CompareReport, console: Console, top: int | None = No
         status = Text(c.status + (" <- first" if c is first else ""), style=style or "green")
         table.add_row(str(index), Text(c.name), r.role, f"{r.step}:{r.call}", status,
                       f"{100 * m.mismatch_fraction:.3g}%" if m else "",
-                      fmt_number(m.max_abs) if m else "", fmt_number(m.max_ulp) if m else "",
+                      fmt_number(m.max_abs) if m else "", fmt_number(m.max_ulp_at_scale) if m else "",
                       f"{m.cosine:.6f}" if m else "", style=style)
     console.print(table)
     if len(shown) < len(comparisons):
@@ -76,6 +78,9 @@ def render_compare(report: CompareReport, console: Console, top: int | None = No
 def summary_line(report: CompareReport) -> str:
     counts = report.counts()
     first = report.first_divergence
+    if first is None and report.same_dump:
+        return (f"match: A and B are the same dump ({report.a.path}), so its {counts['compared']} tensors "
+                "equal themselves; give two different runs to compare")
     if first is None:
         return f"match: all {counts['compared']} tensors equal ({report.options.tolerance.describe()})"
     diverged = counts["compared"] - counts["match"]
@@ -100,4 +105,4 @@ def _severity(c: Comparison) -> tuple:
     m = c.metrics
     if m is None:
         return (1, 0.0, 0.0)
-    return (0, float(m.max_ulp or 0), m.max_abs)
+    return (0, float(m.max_ulp_at_scale or 0), m.max_abs)

@@ -81,10 +81,10 @@ def build_document(report: Report) -> Document:
     doc.blocks.append(Paragraph(headline(report)))
     doc.blocks.append(Paragraph(counts_line(report)))
     doc.blocks += [Paragraph((Strong("Warning:"), f" {problem}")) for problem in report.problems]
+    if report.bisect is not None:  # the answer first, right under the headline
+        doc.blocks += [Heading("Bisect", "bisect"), *bisect_blocks(report.bisect)]
     doc.blocks.append(Plots())
     doc.blocks.append(layer_table(report))
-    if report.bisect is not None:
-        doc.blocks += [Heading("Bisect", "bisect"), *bisect_blocks(report.bisect)]
     if report.patch_results is not None:
         doc.blocks.append(patch_table(report.patch_results))
     doc.blocks.append(environment_table(report))
@@ -97,12 +97,16 @@ def build_document(report: Report) -> Document:
 # ---- summary ----
 def headline(report: Report) -> tuple:
     culprit = report.culprit
+    if culprit is None and report.same_dump is not None:
+        return (Strong("Match:"), " A and B are the same dump (", Code(report.same_dump),
+                f"), so its {report.counts['compared']:,} tensors equal themselves; give two different "
+                "runs to compare.")
     if culprit is None:
         equal = "bitwise equal" if report.tolerance == "bitwise" else f"equal within {report.tolerance}"
         return (Strong("Match:"), f" all {report.counts['compared']:,} tensors are {equal}.")
     c = culprit.comparison
     where = [c.record.role] + ([f"layer {culprit.layer}"] if culprit.layer is not None else [])
-    where += [f"kind {c.kind}"] if c.kind else []
+    where += [f"kind {c.boundary_kind}"]
     where += [f"step {c.record.step} call {c.record.call}"] + ([f"rank {c.record.rank}"] if c.record.rank else [])
     return (Strong("Diverged:"), " first divergence at ", Code(c.name), f" ({', '.join(where)}, boundary ",
             Code(culprit.boundary), f"): {describe(c)}.")
@@ -143,9 +147,9 @@ def layer_table(report: Report) -> Table:
         severity.append((row.layer == first_layer and row.layer is not None, row.diverged > 0,
                          *out.severity()[1:]))
     return Table("layers", "Error by layer", ["layer", "tensors differ", "first differing boundary",
-                                              "mismatch", "max abs", "max ULP"], rows,
+                                              "mismatch", "max abs", "ULP at scale"], rows,
                  numeric=frozenset({1, 3, 4, 5}), priority=_by(severity),
-                 note="mismatch, max abs and max ULP of the layer's output (outside the layers: of the "
+                 note="mismatch, max abs and ULP at scale of the layer's output (outside the layers: of the "
                       "last boundary)")
 
 
@@ -159,7 +163,7 @@ def boundary_table(report: Report) -> Table:
                      differ_cell(row), *metric_cells(row)])
         severity.append((is_first, *row.severity()))
     return Table("boundaries", f"All boundaries ({len(rows):,})",
-                 ["layer", "boundary", "kind", "tensors differ", "mismatch", "max abs", "max ULP"], rows,
+                 ["layer", "boundary", "kind", "tensors differ", "mismatch", "max abs", "ULP at scale"], rows,
                  numeric=frozenset({3, 4, 5, 6}), priority=_by(severity), folded=True)
 
 
@@ -170,13 +174,14 @@ def diverged_table(report: Report) -> Table:
     for index, c in diverged:
         m = c.metrics
         status: Inline = (Strong(c.status), " ◀ first") if c is first else c.status
-        rows.append([str(index), Code(c.name), c.record.role, f"{c.record.step}:{c.record.call}", status,
-                     _percent(m.mismatch_fraction) if m else "-", fmt_number(m.max_abs) if m else "-",
-                     fmt_number(m.max_ulp) if m else "-", f"{m.cosine:.6f}" if m else "-"])
-        severity.append((c is first, float(m.max_ulp or 0) if m else 0.0, m.max_abs if m else 0.0))
+        rows.append([str(index), Code(c.name), c.boundary_kind, c.record.role, f"{c.record.step}:{c.record.call}",
+                     status, _percent(m.mismatch_fraction) if m else "-", fmt_number(m.max_abs) if m else "-",
+                     fmt_number(m.max_ulp_at_scale) if m else "-", f"{m.cosine:.6f}" if m else "-"])
+        severity.append((c is first, float(m.max_ulp_at_scale or 0) if m else 0.0, m.max_abs if m else 0.0))
     return Table("tensors", f"Diverged tensors ({len(rows):,}), in execution order",
-                 ["#", "tensor", "role", "step:call", "status", "mismatch", "max abs", "max ULP", "cosine"],
-                 rows, numeric=frozenset({0, 5, 6, 7, 8}), priority=_by(severity), folded=True)
+                 ["#", "tensor", "kind", "role", "step:call", "status", "mismatch", "max abs", "ULP at scale",
+                  "cosine"],
+                 rows, numeric=frozenset({0, 6, 7, 8, 9}), priority=_by(severity), folded=True)
 
 
 def environment_table(report: Report) -> Table:
@@ -225,6 +230,7 @@ def bisect_blocks(result: dict) -> list[Block]:
             ["event", str(found.get("event", "-"))], ["kind", str(found.get("kind") or "-")],
             ["mismatch", _percent(metrics.get("mismatch_fraction"))],
             ["max abs", fmt_number(metrics.get("max_abs"))], ["max ULP", fmt_number(metrics.get("max_ulp"))],
+            ["ULP at scale", fmt_number(metrics.get("max_ulp_at_scale"))],
             ["cosine", fmt_number(metrics.get("cosine"), 9)]]
     trail = result.get("trail") or []
     if trail:
@@ -261,7 +267,7 @@ def _trial_cells(trial: dict) -> list[Inline]:
 
 # ---- cells ----
 def metric_cells(row: BoundaryRow) -> list[str]:
-    return [_percent(row.mismatch_fraction), fmt_number(row.max_abs), fmt_number(row.max_ulp)]
+    return [_percent(row.mismatch_fraction), fmt_number(row.max_abs), fmt_number(row.max_ulp_at_scale)]
 
 
 def differ_cell(row: BoundaryRow) -> str:

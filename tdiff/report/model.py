@@ -77,6 +77,7 @@ class BoundaryRow:
     mismatched: int = 0
     max_abs: float | None = None    # None: nothing measured
     max_ulp: int | None = None
+    max_ulp_at_scale: float | None = None
     first: Comparison | None = None  # the boundary's first diverged tensor
 
     @property
@@ -85,7 +86,7 @@ class BoundaryRow:
 
     def add(self, c: Comparison) -> None:
         self.tensors += 1
-        self.kind = self.kind or c.kind
+        self.kind = self.kind or c.boundary_kind
         if c.diverged:
             self.diverged += 1
             self.first = self.first or c
@@ -94,26 +95,31 @@ class BoundaryRow:
             if c.diverged:
                 self.unmeasured += 1
             else:  # equal fingerprints: every element matches
-                self._measure(c.record.numel, 0, 0.0, 0)
+                self._measure(c.record.numel, 0, 0.0, 0, 0.0)
             return
-        self._measure(m.numel, m.mismatched, m.max_abs, m.max_ulp)
+        self._measure(m.numel, m.mismatched, m.max_abs, m.max_ulp, m.max_ulp_at_scale)
 
-    def _measure(self, numel: int, mismatched: int, max_abs: float, max_ulp: int | None) -> None:
+    def _measure(self, numel: int, mismatched: int, max_abs: float, max_ulp: int | None,
+                 at_scale: float | None) -> None:
         self.numel += numel
         self.mismatched += mismatched
         self.max_abs = max_abs if self.max_abs is None else max(self.max_abs, max_abs)
         if max_ulp is not None:
             self.max_ulp = max_ulp if self.max_ulp is None else max(self.max_ulp, max_ulp)
+        if at_scale is not None:
+            self.max_ulp_at_scale = at_scale if self.max_ulp_at_scale is None else max(self.max_ulp_at_scale,
+                                                                                       at_scale)
 
     def severity(self) -> tuple:
-        return (self.diverged > 0, self.max_ulp or 0, self.max_abs or 0.0, self.mismatched)
+        return (self.diverged > 0, self.max_ulp_at_scale or 0.0, self.max_abs or 0.0, self.mismatched)
 
     def to_json(self) -> dict:
         return {"layer": self.layer, "boundary": self.boundary, "kind": self.kind,
                 "tensors": self.tensors, "diverged": self.diverged, "unmeasured": self.unmeasured,
                 "numel": self.numel, "mismatched": self.mismatched,
                 "mismatch_fraction": self.mismatch_fraction, "max_abs": json_number(self.max_abs),
-                "max_ulp": self.max_ulp, "first_diverged": self.first.name if self.first else None}
+                "max_ulp": self.max_ulp, "max_ulp_at_scale": json_number(self.max_ulp_at_scale),
+                "first_diverged": self.first.name if self.first else None}
 
 
 @dataclass
@@ -180,6 +186,7 @@ class Report:
     problems: list[str] = field(default_factory=list)
     bisect: dict | None = None
     patch_results: dict | None = None
+    same_dump: str | None = None      # the path, when A and B are the same dump
 
     @property
     def layer_numbers(self) -> list[int]:
@@ -187,7 +194,7 @@ class Report:
 
     def to_json(self) -> dict:
         return {"status": self.status, "a": self.side_a, "b": self.side_b, "tolerance": self.tolerance,
-                "summary": self.counts, "summary_line": self.summary,
+                "summary": self.counts, "summary_line": self.summary, "same_dump": self.same_dump is not None,
                 "culprit": self.culprit.to_json() if self.culprit else None,
                 "layers": [row.to_json() for row in self.layers],
                 "boundaries": [row.to_json() for row in self.boundaries],
@@ -214,7 +221,8 @@ def build_report(compare: CompareReport, *, pairing: Pairing | None = None, bise
                   counts=compare.counts(), summary=summary_line(compare), comparisons=compare.comparisons,
                   boundaries=boundaries, layers=layer_rows(boundaries), culprit=culprit,
                   environment=environment_of(compare.a, compare.b), problems=problems,
-                  bisect=bisect, patch_results=patch_results)
+                  bisect=bisect, patch_results=patch_results,
+                  same_dump=str(compare.a.path) if compare.same_dump else None)
 
 
 def boundary_rows(comparisons: list[Comparison]) -> list[BoundaryRow]:

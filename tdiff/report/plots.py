@@ -1,10 +1,10 @@
 """The HTML report's figures, drawn with matplotlib as inline SVG (no network, no script).
 
-- growth: per-layer error of each boundary, on log scales (mismatch fraction, max abs, max ULP);
+- growth: per-layer error of each boundary, on log scales (mismatch fraction, max abs, ULP at scale);
 - heatmap: boundaries × layers, coloured by mismatch fraction;
 - tokens: the culprit tensor's error per token.
 
-matplotlib is imported here only, when an HTML report is made (``pip install tdiff[report]``).
+matplotlib is imported here only, when an HTML report is made (``pip install torch-tdiff[report]``).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def require_matplotlib():
     try:
         import matplotlib
     except ImportError:
-        raise TdiffError("the HTML report needs matplotlib: pip install 'tdiff[report]'") from None
+        raise TdiffError("the HTML report needs matplotlib: pip install 'torch-tdiff[report]'") from None
     return matplotlib
 
 
@@ -88,7 +88,7 @@ def growth_svg(report: Report) -> str:
     fig = _new_figure(13, 4.2)
     axes = fig.subplots(1, 3, sharex=True)
     panels = (("mismatch fraction", lambda r: r.mismatch_fraction), ("max abs", lambda r: r.max_abs),
-              ("max ULP", lambda r: r.max_ulp))
+              ("ULP at scale", lambda r: r.max_ulp_at_scale))
     culprit_layer = report.culprit.layer if report.culprit else None
     for ax, (title, metric) in zip(axes, panels):
         drawn = False

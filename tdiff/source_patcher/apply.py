@@ -41,6 +41,7 @@ class _Swap:
     saved: tuple                     # (__code__, __defaults__, __kwdefaults__) before this patch
     text: str | None                 # the function's source text after it (None: replaced wholesale)
     code: types.CodeType
+    preambles: tuple[str, ...] = ()  # the preambles of this and earlier edits of the function, in order
     defaults: tuple | None = None    # (__defaults__, __kwdefaults__) when the signature changed
     filename: str = ""
 
@@ -144,7 +145,7 @@ class ActivePatches:
             self.on_error(exc)
 
     def _apply_module(self, module: types.ModuleType, patches: list[PatchSpec]) -> None:
-        texts: dict[int, str | None] = {}
+        texts: dict[int, tuple[str | None, tuple[str, ...]]] = {}
         prepared = [self._prepare(module, patch, texts) for patch in patches]
         done = []
         try:
@@ -170,7 +171,10 @@ class ActivePatches:
         if patch.pin is not None and patch.pin != source.sha256:
             raise PatchError(patch.name, patch.target, pin_mismatch(patch.pin, source))
         stack = _swapped.get(id(function), [])
-        current = texts[id(function)] if id(function) in texts else (stack[-1].text if stack else source.text)
+        if id(function) in texts:
+            current, preambles = texts[id(function)]
+        else:
+            current, preambles = (stack[-1].text, stack[-1].preambles) if stack else (source.text, ())
         filename = f"<tdiff patch {patch.name}: {patch.target}>"
         try:
             if patch.edits:
@@ -178,18 +182,21 @@ class ActivePatches:
                     raise PatchError(patch.name, patch.target, "an earlier patch replaced this function "
                                                                "wholesale; edits cannot apply on top of it")
                 new_text = apply_edits(current, patch.edits, first_line=source.def_line)
-                node, changed = edited_node(source, new_text, patch.preamble)
+                # an earlier patch's preamble stays: the text it edited still needs its names
+                preambles += (patch.preamble,) if patch.preamble else ()
+                node, changed = edited_node(source, new_text, "\n".join(preambles) or None)
                 shown = new_text
             else:
                 replacement = resolve_reference(patch, patch.replace_with)
                 check_replacement_signature(source.node, replacement)
                 node, changed, new_text = trampoline_node(source, patch.replace_with), False, None
+                preambles = ()
                 shown = _unparse(node)
             compiled = build(node, function.__code__.co_freevars, signature_changed=changed,
                              future_flags=source.future_flags, filename=filename, globals_=function.__globals__)
         except (EditError, CompileError) as exc:
             raise PatchError(patch.name, patch.target, str(exc)) from None
-        texts[id(function)] = new_text
+        texts[id(function)] = (new_text, preambles)
         linecache.cache[filename] = (len(shown), None, shown.splitlines(True), filename)
         original = function.__code__
         code = compiled.code.replace(co_name=original.co_name)
@@ -197,7 +204,7 @@ class ActivePatches:
             code = code.replace(co_qualname=original.co_qualname)
         defaults = (compiled.function.__defaults__, compiled.function.__kwdefaults__) if changed else None
         return _Swap(patch, function, (original, function.__defaults__, function.__kwdefaults__), new_text,
-                     code, defaults, filename)
+                     code, preambles, defaults, filename)
 
 
 def apply_patches(patches: Iterable[PatchSpec], *, on_applied: Callable[[PatchSpec], None] | None = None,

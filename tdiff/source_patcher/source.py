@@ -95,7 +95,10 @@ def split_target(patch: str, target: str) -> tuple[str, str]:
     """(module, qualname) of a dotted target, taking the longest prefix that is a module."""
     parts = target.split(".")
     if find_module_spec(parts[0]) is None:
-        raise TargetNotInstalled(patch, target, f"package {parts[0]!r} is not installed")
+        # `python -c`/`-m` children import from the current directory, tdiff itself does not
+        here = " (it is in the current directory: run with PYTHONPATH=. to patch it)" if (
+            os.path.isdir(parts[0]) or os.path.isfile(f"{parts[0]}.py")) else ""
+        raise TargetNotInstalled(patch, target, f"package {parts[0]!r} is not installed{here}")
     for cut in range(len(parts), 0, -1):
         module = ".".join(parts[:cut])
         if find_module_spec(module) is not None:

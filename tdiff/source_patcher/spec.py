@@ -14,6 +14,12 @@
     combinations:                        # optional, for `tdiff patch try`
       - [fp32-variance, my-fix]
 
+Files written for SGLang's own source patcher (``sglang.srt.debug_utils.source_patcher``, the YAML
+that ``DUMPER_SOURCE_PATCHER_CONFIG`` names) are read as they are: a patch without ``name`` is
+named after its target (``#2``, ``#3`` for a second and third patch of one target), and an edit
+with only ``match`` (or only blank actions) deletes the matched lines, SGLang's default
+``replacement: ""``.
+
 Every mistake (bad YAML, an unknown key, a wrong type, a duplicate name) is reported with the file
 and line at fault. YAML is read with the safe loader only.
 """
@@ -28,7 +34,7 @@ import yaml
 
 from tdiff.errors import TdiffError
 
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(#[0-9]+)?")   # "#2": a target's second unnamed patch
 _IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
 _DOTTED = re.compile(rf"{_IDENTIFIER}(\.{_IDENTIFIER})*")
 _REFERENCE = re.compile(rf"{_IDENTIFIER}(\.{_IDENTIFIER})*:{_IDENTIFIER}(\.{_IDENTIFIER})*")
@@ -231,7 +237,8 @@ def patch_from_mapping(data, source: str, line: int | None = None, *, what: str 
     """Validate one patch entry (from YAML, or from the JSON a parent process passed on)."""
     named = data.get("name") if isinstance(data, dict) else None
     fields = Fields(data, source, f"{what} {named!r}" if isinstance(named, str) else what, PATCH_KEYS, line)
-    name = fields.text("name", required=True, pattern=_NAME, describe="a name of letters, digits, '.', '_' and '-'")
+    name = fields.text("name", required=True, pattern=_NAME,
+                       describe="a name of letters, digits, '.', '_' and '-' (and '#N' last)")
     fields.what = f"patch {name!r}"
     target = fields.text("target", required=True, pattern=_DOTTED, describe="a dotted path like package.module.Class.method")
     present = [key for key in MODES if key in fields.data]
@@ -260,18 +267,22 @@ def patch_from_mapping(data, source: str, line: int | None = None, *, what: str 
 def _edit(item, source: str, parent: Fields, index: int) -> Edit:
     edit = Fields(item, source, f"{parent.what} edit {index}", ("match", *EDIT_ACTIONS), parent.line_of("edits"))
     match = edit.text("match", required=True)
-    actions = [a for a in EDIT_ACTIONS if a in edit.data]
-    if len(actions) != 1:
-        raise edit.error(f"{edit.what}: give exactly one of replacement, prepend or append")
-    action = actions[0]
-    text = edit.text(action, allow_empty=action == "replacement")
-    return Edit(match=match, action=action, text=text, line=edit.line)
+    given = {a: edit.text(a, allow_empty=True) for a in EDIT_ACTIONS if a in edit.data}
+    # as SGLang's patcher: an action left blank is not given, and none given deletes the match
+    actions = [a for a, text in given.items() if text.strip()]
+    if len(actions) > 1:
+        raise edit.error(f"{edit.what}: give exactly one of replacement, prepend or append "
+                         f"(found {', '.join(actions)})")
+    action = actions[0] if actions else "replacement"
+    return Edit(match=match, action=action, text=given[action] if actions else "", line=edit.line)
 
 
 def parse_patch_file(text: str, source: str) -> PatchFile:
     data = load_yaml(text, source)
     top = Fields(data, source, "the file", ("patches", "combinations"), 1)
-    patches = [patch_from_mapping(item, source, top.line_of("patches")) for item in top.items("patches", required=True)]
+    items = top.items("patches", required=True)
+    _name_after_targets(items)
+    patches = [patch_from_mapping(item, source, top.line_of("patches")) for item in items]
     first_line: dict[str, str] = {}
     for patch in patches:
         if patch.name in first_line:
@@ -279,6 +290,19 @@ def parse_patch_file(text: str, source: str) -> PatchFile:
         first_line[patch.name] = patch.origin
     combinations = [_combination(item, top, set(first_line)) for item in top.items("combinations")]
     return PatchFile(source=source, patches=patches, combinations=combinations)
+
+
+def _name_after_targets(items: list) -> None:
+    """Name each patch without a ``name`` (SGLang's format has none) after its target: the
+    target's second patch ``TARGET#2``, its third ``TARGET#3``."""
+    seen: dict[str, int] = {}
+    for item in items:
+        if not isinstance(item, dict) or not isinstance(item.get("target"), str):
+            continue
+        target = item["target"]
+        seen[target] = seen.get(target, 0) + 1
+        if "name" not in item:
+            item["name"] = target if seen[target] == 1 else f"{target}#{seen[target]}"
 
 
 def _combination(item, top: Fields, names: set[str]) -> tuple[str, ...]:

@@ -218,7 +218,7 @@ def _measure(result: TrialResult, report: CompareReport) -> None:
     record = first.record
     result.first_divergence = {"name": first.name, "module": record.module, "role": record.role,
                                "step": record.step, "call": record.call, "rank": record.rank,
-                               "status": first.status, "kind": first.kind, "position": result.position}
+                               "status": first.status, "kind": first.boundary_kind, "position": result.position}
 
 
 def _failure(log: Path, returncode: int) -> str:

@@ -28,6 +28,7 @@ from tdiff.errors import DumpError
 FORMAT = "tdiff-dump"
 FORMAT_VERSION = 1
 DUMP_FILE = "tdiff-dump.json"
+STORAGES = ("safetensors", "h5")   # tensor shard formats (tdiff.store.storage)
 MANIFEST_DIR = "manifests"
 DATA_DIR = "data"
 

@@ -9,6 +9,7 @@ Examples:
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -32,6 +33,13 @@ class Dump:
         self.parts = parts
         self.records = records
         self.problems = problems
+
+    def is_same_dump(self, other: Dump) -> bool:
+        """Whether ``other`` is this dump's directory opened again (a match by construction)."""
+        try:
+            return os.path.samefile(self.path, other.path)
+        except OSError:
+            return False
 
     @property
     def complete(self) -> bool:

@@ -15,9 +15,8 @@ from pathlib import Path
 import torch
 
 from tdiff.store.dtypes import to_bytes_view
+from tdiff.store.manifest import STORAGES
 from tdiff.errors import DumpError
-
-STORAGES = ("safetensors", "h5")
 
 
 def _safetensors_types() -> set:

@@ -2,6 +2,7 @@
 one-line errors."""
 
 import json
+import sys
 
 import pytest
 import torch
@@ -31,7 +32,7 @@ def test_json_keeps_the_contract_and_the_exit_code_says_diverged(dumps):
     assert report["status"] == "diverged"
     first = report["first_divergence"]
     assert CONTRACT <= set(first)
-    assert set(first["metrics"]) == {"max_abs", "max_ulp", "mismatch_fraction", "cosine"}
+    assert set(first["metrics"]) == {"max_abs", "max_ulp", "max_ulp_at_scale", "mismatch_fraction", "cosine"}
     assert (first["module"], first["module_b"], first["layer"], first["kind"], first["step"],
             first["event"], first["introduced"]) == (
         "model.layers.1.post_attention_layernorm", "model.layers.1.post_attention_layernorm", 1, "norm", 0,
@@ -77,6 +78,15 @@ def test_a_failing_command_is_reported_in_one_line(tmp_path):
     result = tdiff_cli("bisect", "--run-a", "exit 3", "--run-b", "exit 3", "--work", tmp_path / "w", expect=2)
     assert "run A1 (stats pass) failed: the command exited with 3" in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_quiet_hides_the_runs_progress_and_the_note_on_removed_captures():
+    run = f"{sys.executable} -c 'import torch, tdiff; tdiff.dump(\"x\", torch.ones(2))'"
+    loud = tdiff_cli("bisect", "--run-a", run, "--run-b", run, expect=0)
+    assert "run A1 (stats pass)" in loud.stderr and "pass --workdir DIR to keep them" in loud.stdout
+    quiet = tdiff_cli("bisect", "--run-a", run, "--run-b", run, "--quiet", expect=0)
+    assert quiet.stderr == "" and "--workdir" not in quiet.stdout
+    assert quiet.stdout.startswith("match: all 1 events compared are equal")
 
 
 def test_as_a_subprocess(dumps):

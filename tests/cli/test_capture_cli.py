@@ -85,7 +85,36 @@ def test_command_errors_and_existing_dumps(tmp_path):
     (tmp_path / "plain").mkdir()
     (tmp_path / "plain" / "file").write_text("x")
     assert "is not a dump" in tdiff_cli("capture", "--out", tmp_path / "plain", "--", "true", expect=2).output
-    assert "already holds a dump" in tdiff_cli("capture", "--out", tmp_path / "f", "--", "true", expect=2).output
+    recorded = tdiff_cli("capture", "--out", tmp_path / "r", "--", sys.executable, "-c", RECORDS_THEN_FAILS)
+    assert recorded.exit_code == 1
+    assert "already holds a dump" in tdiff_cli("capture", "--out", tmp_path / "r", "--", "true", expect=2).output
+
+
+RECORDS_THEN_FAILS = "import torch, tdiff; tdiff.dump('x', torch.ones(2)); raise SystemExit(1)"
+RECORDS = "import torch, tdiff; tdiff.dump('x', torch.ones(2))"
+
+
+def test_a_dump_without_records_is_replaced_by_the_retry_without_force(tmp_path):
+    out = tmp_path / "d"
+    failed = tdiff_cli("capture", "--out", out, "--", sys.executable, "-c", "raise SystemExit(3)")
+    assert failed.exit_code == 3 and "nothing was captured" in failed.output
+    tdiff_cli("capture", "--out", out, "--", sys.executable, "-c", RECORDS, expect=0)
+    assert [r.name for r in open_dump(out).records] == ["x"]
+    # a dump holding records stays unless --force, even an incomplete one
+    assert "already holds a dump" in tdiff_cli("capture", "--out", out, "--", "true", expect=2).output
+    [manifest] = (out / "manifests").iterdir()
+    manifest.write_text("".join(manifest.read_text().splitlines(keepends=True)[:-1]))  # its end line lost
+    assert open_dump(out, allow_incomplete=True).problems
+    assert "already holds a dump" in tdiff_cli("capture", "--out", out, "--", "true", expect=2).output
+    tdiff_cli("capture", "--out", out, "--force", "--", sys.executable, "-c", RECORDS, expect=0)
+
+    repeats = tmp_path / "rep"
+    failing_repeats = tdiff_cli("capture", "--out", repeats, "--repeat", 2, "--", sys.executable, "-c",
+                                "raise SystemExit(3)")
+    assert failing_repeats.exit_code == 3
+    tdiff_cli("capture", "--out", repeats, "--repeat", 2, "--", sys.executable, "-c", RECORDS, expect=0)
+    assert "already holds a dump" in tdiff_cli("capture", "--out", repeats, "--repeat", 2, "--", "true",
+                                               expect=2).output
 
 
 def test_bad_options_exit_2_before_the_command_runs(tmp_path):

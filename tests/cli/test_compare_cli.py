@@ -18,7 +18,8 @@ def dump_of(path, **tensors):
 def test_match_exits_0_and_divergence_exits_1_with_json(tmp_path):
     a = dump_of(tmp_path / "a", x=torch.ones(3), y=torch.arange(4.0))
     b = dump_of(tmp_path / "b", x=torch.ones(3), y=torch.arange(4.0) * 1.5)
-    result = tdiff_cli("compare", a, a, expect=0)
+    same = dump_of(tmp_path / "same", x=torch.ones(3), y=torch.arange(4.0))
+    result = tdiff_cli("compare", a, same, expect=0)
     assert "match: all 2 tensors equal" in result.output
     result = tdiff_cli("compare", a, b, "--json", expect=1)
     report = json.loads(result.output)
@@ -26,6 +27,23 @@ def test_match_exits_0_and_divergence_exits_1_with_json(tmp_path):
     assert report["summary"] == {"compared": 2, "match": 1, "mismatch": 1, "only_a": 0, "only_b": 0,
                                  "shape_mismatch": 0, "dtype_mismatch": 0}
     assert report["first_divergence"]["metrics"]["mismatched"] == 3
+
+
+def test_the_same_dump_as_a_and_b_is_said_to_be_the_same_dump(tmp_path):
+    import shutil
+
+    a = dump_of(tmp_path / "a", x=torch.ones(3))
+    shutil.copytree(a, tmp_path / "copy")
+    same = f"A and B are the same dump ({a})"
+    assert same in tdiff_cli("compare", a, tmp_path / "." / "a", expect=0).output
+    assert json.loads(tdiff_cli("compare", a, a, "--json", expect=0).output)["same_dump"] is True
+    assert f"note: {same}: it matches itself" in tdiff_cli("bisect", a, a, expect=0).output
+    assert f"**Match:** A and B are the same dump (`{a}`)" in tdiff_cli("report", a, a, expect=0).output
+    assert json.loads(tdiff_cli("report", a, a, "--format", "json", expect=0).output)["same_dump"] is True
+    copy = tdiff_cli("compare", a, tmp_path / "copy", expect=0).output
+    assert "same dump" not in copy and "match: all 1 tensors equal" in copy
+    assert json.loads(tdiff_cli("compare", a, tmp_path / "copy", "--json", expect=0).output)["same_dump"] is False
+    assert "same dump" not in tdiff_cli("bisect", a, tmp_path / "copy", expect=0).output
 
 
 def test_bad_input_exits_2_with_one_line(tmp_path):

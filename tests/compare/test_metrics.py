@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from tdiff.compare.metrics import Tolerance, compare_tensors, ordered_bits, ulp_distance
+from tdiff.compare.metrics import Tolerance, compare_tensors, ordered_bits, ulp_at, ulp_distance
 
 
 def next_up(t: torch.Tensor, ulps: int = 1) -> torch.Tensor:
@@ -94,6 +94,30 @@ def test_chunked_metrics_equal_one_pass(monkeypatch):
     assert chunked.mismatched == whole.mismatched and chunked.max_ulp == whole.max_ulp
     assert chunked.worst_index == whole.worst_index and chunked.max_abs == whole.max_abs
     assert chunked.cosine == pytest.approx(whole.cosine, abs=1e-12)
+    b[:999] = a[:999]
+    a[5] = b[5] = 100.0  # the largest magnitude, in a chunk where nothing differs
+    chunked = compare_tensors(a, b)
+    assert chunked.max_ulp_at_scale == chunked.max_abs / ulp_at(100.0, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_ulp_at_is_the_spacing_of_the_dtypes_values(dtype):
+    for x in (0.0, 1e-3, 0.75, 1.0, 3.0, 1000.0):
+        v = torch.tensor([x], dtype=dtype)
+        assert ulp_at(float(v), dtype) == float(next_up(v).double() - v.double()), x
+
+
+def test_a_sign_flip_near_zero_is_huge_in_raw_ulp_and_small_at_the_tensors_scale():
+    a = torch.tensor([3.0, 1e-9, -2.0])
+    b = torch.tensor([3.0, -1e-9, -2.0])
+    m = compare_tensors(a, b)
+    assert m.max_ulp > 1e9  # every float between -1e-9 and 1e-9
+    assert m.max_ulp_at_scale == m.max_abs / ulp_at(3.0, torch.float32) < 0.01
+    one_step = a.clone()
+    one_step[2] = -next_up(torch.tensor([2.0]))[0]
+    assert compare_tensors(a, one_step).max_ulp_at_scale == 1.0  # one step at 2 is one at the scale of 3
+    assert compare_tensors(torch.tensor([1, 5]), torch.tensor([1, 9])).max_ulp_at_scale == 4.0
+    assert compare_tensors(a, a.double()).max_ulp_at_scale is None  # no ULP across dtypes
 
 
 def test_complex_tensors_compare_as_real_pairs():

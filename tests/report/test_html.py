@@ -5,6 +5,7 @@ import re
 import torch
 
 import tdiff
+from tdiff.bisect import bisect_dumps
 from tdiff.compare.engine import compare_dumps
 from tdiff.report.html import render_html
 from tdiff.report.model import build_report
@@ -51,6 +52,23 @@ def test_html_contents_follow_the_report(demo_dumps):
         assert re.search(rf'<figure class="plot" id="{plot}">\s*<h2>[^<]+</h2>\s*<svg', page)
     assert '<table id="layers">' in page and '<table id="boundaries">' in page
     assert page.count("<svg") == 3
+
+
+def test_the_bisect_answer_comes_right_under_the_headline_above_the_plots(demo_dumps):
+    a, b, _ = demo_dumps
+    bisected = bisect_dumps(open_dump(a), open_dump(b)).to_json()
+    page = render_html(build_report(compare_dumps(open_dump(a), open_dump(b)), bisect=bisected))
+    counts_line = page.index("tensors differ (bitwise)")
+    bisect = page.index('<h2 id="bisect">')
+    assert counts_line < bisect < page.index("Introduced at") < page.index('id="plot-growth"') \
+        < page.index('<table id="layers">')
+
+
+def test_the_same_dump_as_a_and_b_is_called_the_same_dump(demo_dumps):
+    a, _, a2 = demo_dumps
+    same = render_html(build_report(compare_dumps(open_dump(a), open_dump(a))))
+    assert f"A and B are the same dump (<code>{a}</code>)" in same
+    assert "same dump" not in render_html(build_report(compare_dumps(open_dump(a), open_dump(a2))))
 
 
 def test_html_of_a_match_draws_flat_plots_and_no_token_plot(demo_dumps):

@@ -164,3 +164,24 @@ def test_names_with_markdown_syntax_keep_the_table_intact(tmp_path):
     rows = table_rows(text, "| layer | boundary | kind |")
     assert [row[1] for row in rows] == ["``odd\\|name`with*syntax_`` ◀ first", "`plain`"]
     assert all(len(row) == 7 for row in rows)
+
+
+def test_a_sign_flip_near_zero_reads_at_the_tensors_scale_and_json_keeps_raw_ulp(tmp_path):
+    from tdiff.compare.metrics import compare_tensors
+    from tdiff.report.console import fmt_number
+
+    values = {"a": torch.tensor([3.0, 1e-9, -2.0]), "b": torch.tensor([3.0, -1e-9, -2.0])}
+    for side, tensor in values.items():
+        with tdiff.capture(tmp_path / side):
+            tdiff.dump("x", tensor)
+    m = compare_tensors(values["a"], values["b"])
+    text = tdiff_cli("report", tmp_path / "a", tmp_path / "b", expect=1).output
+    assert f"ULP at scale {fmt_number(m.max_ulp_at_scale)} (raw max ULP {m.max_ulp:,})" in text
+    layers = table_rows(text, "| layer | tensors differ | first differing boundary")
+    assert [row[-1] for row in layers] == [fmt_number(m.max_ulp_at_scale)]
+    rows = json.loads(tdiff_cli("report", tmp_path / "a", tmp_path / "b", "--format", "json", expect=1).output)
+    [row] = rows["boundaries"]
+    assert (row["max_ulp"], row["max_ulp_at_scale"]) == (m.max_ulp, m.max_ulp_at_scale)
+    compared = json.loads(tdiff_cli("compare", tmp_path / "a", tmp_path / "b", "--json", expect=1).output)
+    assert compared["first_divergence"]["metrics"]["max_ulp"] == m.max_ulp > 1e9
+    assert compared["first_divergence"]["metrics"]["max_ulp_at_scale"] == m.max_ulp_at_scale < 0.01

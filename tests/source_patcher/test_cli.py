@@ -9,7 +9,7 @@ import textwrap
 from tdiff.bootstrap import child_environment
 from tdiff.source_patcher.spec import parse_patch_file, patches_config
 from tdiff.store import open_dump
-from tests.helpers import tdiff_cli, tdiff_process
+from tests.helpers import tdiff_cli, tdiff_command, tdiff_process
 
 TARGET = """\
 def scaled(x):
@@ -74,9 +74,13 @@ def test_check_passes_a_current_file_and_names_the_one_stale_patch(tmp_path, mon
     assert report["status"] == "ok" and [p["name"] for p in report["patches"]] == ["triple", "shift"]
     assert all(len(p["sha256"]) == 64 and p["location"].endswith(f"{module}.py:1") for p in report["patches"])
 
+    assert tdiff_cli("patch", "check", "--config", fixes, "--quiet", expect=0).output == ""
+
     (tmp_path / f"{module}.py").write_text(TARGET.replace("return x * factor", "return factor * x"))
     stale = tdiff_cli("patch", "check", "--config", fixes, expect=2)
     assert "stale         shift" in stale.output
+    quiet = tdiff_cli("patch", "check", "--config", fixes, "--quiet", expect=2).output
+    assert "stale         shift" in quiet and "ok " not in quiet
     assert ("tdiff: error: 1 of 2 patch(es) no longer apply: patch 'shift' "
             f"({module}.scaled, {fixes} line 7): edit 1: match not found: 'return x * factor'") in stale.output
 
@@ -97,6 +101,8 @@ def test_patches_reach_a_spawned_subprocess(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["parent", "303", "child", "303", "exit", "0"]
     assert "2 of 2 patch(es) applied in 2 process(es)" in result.stderr
+    quiet = tdiff_process("patch", "apply", "--config", fixes, "--quiet", "--", sys.executable, script, env=env)
+    assert quiet.returncode == 0 and quiet.stderr == ""
 
 
 def test_apply_refuses_a_stale_patch_before_running_anything(tmp_path):
@@ -178,3 +184,20 @@ def test_a_pinned_patch_refuses_a_changed_source(tmp_path, monkeypatch):
     result = tdiff_process("patch", "apply", "--config", fixes, "--", sys.executable, "-c", "pass", env=env)
     assert result.returncode == 2
     assert f"patch 'triple' ({module}.scaled" in result.stderr and "pin mismatch" in result.stderr
+
+
+def test_a_target_in_the_current_directory_needs_pythonpath_and_the_message_says_so(tmp_path):
+    package = tmp_path / f"local_{tmp_path.name[-8:].replace('-', '_')}"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "code.py").write_text(TARGET)
+    fixes = tmp_path / "fixes.yaml"
+    fixes.write_text(FIXES.format(module=f"{package.name}.code", second_match="return x * factor",
+                                  second_name="shift"))
+    only_tdiff = {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    result = tdiff_command("patch", "check", "--config", fixes, cwd=tmp_path, env=only_tdiff)
+    assert result.returncode == 2
+    assert (f"package {package.name!r} is not installed (it is in the current directory: run with PYTHONPATH=. "
+            "to patch it)") in result.stderr
+    here = {"PYTHONPATH": os.pathsep.join([".", os.environ.get("PYTHONPATH", "")])}
+    assert tdiff_command("patch", "check", "--config", fixes, cwd=tmp_path, env=here).returncode == 0

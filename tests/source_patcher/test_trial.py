@@ -6,42 +6,24 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.helpers import DEMO, REPO, tdiff_cli, tdiff_process
 
 PLANTED = Path(__file__).with_name("planted.py")
 pytestmark = pytest.mark.slow
 
-DEMO_CANDIDATES = """\
-patches:
-  - name: fp32-variance          # the true fix: variance in fp32, as the reference computes it
-    target: examples.demo.run.bf16_rmsnorm_forward
-    edits:
-      - match: "variance = hidden_states.pow(2).mean(-1, keepdim=True)"
-        replacement: |
-          input_dtype = hidden_states.dtype
-          hidden_states = hidden_states.to(torch.float32)
-          variance = hidden_states.pow(2).mean(-1, keepdim=True)
-      - match: "return self.weight * hidden_states"
-        replacement: "return self.weight * hidden_states.to(input_dtype)"
-  - name: fp32-variance-rounded  # half a fix: the variance in fp32, rounded back to bf16
-    target: examples.demo.run.bf16_rmsnorm_forward
-    edits:
-      - match: "variance = hidden_states.pow(2).mean(-1, keepdim=True)"
-        replacement: "variance = hidden_states.float().pow(2).mean(-1, keepdim=True).to(hidden_states.dtype)"
-  - name: mlp-in-fp32            # a wrong guess: changes every layer's MLP
-    target: transformers.models.qwen2.modeling_qwen2.Qwen2MLP.forward
-    edits:
-      - match: "down_proj = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))"
-        replacement: "down_proj = self.down_proj((self.act_fn(self.gate_proj(x).float()) * self.up_proj(x).float()).to(x.dtype))"
-  - name: broken                 # a candidate whose run crashes
-    target: examples.demo.run.bf16_rmsnorm_forward
-    edits:
-      - match: "return self.weight * hidden_states"
-        prepend: "raise RuntimeError('broken candidate')"
-combinations:
-  - [fp32-variance, mlp-in-fp32]
-"""
+BROKEN = {"name": "broken",  # a candidate whose run crashes
+          "target": "examples.demo.run.bf16_rmsnorm_forward",
+          "edits": [{"match": "return self.weight * hidden_states",
+                     "prepend": "raise RuntimeError('broken candidate')"}]}
+
+
+def demo_candidates() -> str:
+    """The candidates the README's walkthrough tries, plus one that crashes."""
+    candidates = yaml.safe_load((REPO / "examples" / "demo" / "candidates.yaml").read_text())
+    candidates["patches"].append(BROKEN)
+    return yaml.safe_dump(candidates, sort_keys=False, width=1 << 16)
 
 
 def capture(out: Path, *command, patches: str | None = None, options=()):
@@ -64,13 +46,14 @@ def by_name(report) -> dict:
 def test_the_demos_bf16_rmsnorm_variance_is_fixed_by_the_true_candidate(tmp_path):
     capture(tmp_path / "a", sys.executable, DEMO, "--layers", "2")
     candidates = tmp_path / "candidates.yaml"
-    candidates.write_text(DEMO_CANDIDATES)
+    candidates.write_text(demo_candidates())
     command_b = (sys.executable, "-c", "from examples.demo.run import main; main(['--planted', '--layers', '2'])")
     code, report = trial(candidates, tmp_path / "a", tmp_path / "work", *command_b)
     assert code == 0
     control = report["control"]
     assert control["status"] == "diverged"
     assert control["first_divergence"]["module"] == "model.layers.1.post_attention_layernorm"
+    assert control["first_divergence"]["kind"] == "norm"  # the kind bisect names
     ranked = [c["name"] for c in report["candidates"]]
     assert ranked[:2] == ["fp32-variance", "fp32-variance-rounded"] and ranked[-1] == "broken"
     assert report["best"] == "fp32-variance"

@@ -1,0 +1,34 @@
+"""The distribution: built from a fresh clone it is `torch-tdiff` (PyPI's `tdiff` is an unrelated
+project), it installs the import package `tdiff` and the `tdiff` command, and the README's install
+section names it."""
+
+import re
+import subprocess
+import sys
+import tomllib
+import zipfile
+
+from tests.helpers import REPO, fresh_clone
+
+
+def test_the_wheel_is_torch_tdiff_with_the_tdiff_package_and_command(tmp_path):
+    clone = fresh_clone(tmp_path / "clone")
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", tmp_path / "dist", clone], capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    [wheel] = (tmp_path / "dist").glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+        entry_points = archive.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
+    assert re.search(r"^Name: torch-tdiff$", metadata, re.M)
+    assert "tdiff/cli/__init__.py" in names and "tdiff/source_patcher/catalogue.yaml" in names
+    assert re.search(r"^tdiff = tdiff\.cli:main$", entry_points, re.M)
+
+
+def test_the_readme_installs_the_distribution_pyproject_names():
+    name = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["name"]
+    readme = (REPO / "README.md").read_text()
+    install = readme[readme.index("## Installing elsewhere"):]
+    assert re.search(rf'pip install "{re.escape(name)}\[', install), install[:600]
+    assert name != "tdiff"  # on PyPI that name installs a text-diff tool

@@ -16,7 +16,7 @@ from typing import Callable
 from tdiff.compare.metrics import EXACT, TensorMetrics, Tolerance, compare_tensors, json_number
 from tdiff.compare.pairing import NamePairing, Pair, Pairing, Side
 from tdiff.errors import TdiffError
-from tdiff.hooks.selection import compile_patterns, layer_of
+from tdiff.hooks.selection import compile_patterns, layer_of, record_layer
 from tdiff.store import Dump, Record
 from tdiff.store.dtypes import torch_dtype
 from tdiff.store.fingerprint import fingerprint_algorithm, fingerprint_as
@@ -48,10 +48,7 @@ class Comparison:
 
     @property
     def layer(self) -> int | None:
-        if self.record.role == "explicit":
-            return None
-        # an aligned pair's canonical name carries the layer (its records may sit elsewhere)
-        return layer_of(self.name) if self.kind is not None else layer_of(self.record.module)
+        return pair_layer(self.name, self.kind, self.record)
 
     def to_json(self) -> dict:
         r = self.record
@@ -169,10 +166,16 @@ class _MemoryBudget:
                 self._changed.notify_all()
 
 
+def pair_layer(name: str, kind: str | None, record: Record) -> int | None:
+    """The decoder layer of a pair (None for explicit dumps): an aligned pair's canonical name
+    carries it (its records may sit elsewhere); else the layer its record's call belongs to."""
+    if record.role == "explicit":
+        return None
+    return layer_of(name) if kind is not None else record_layer(record)
+
+
 def _wanted(pair: Pair, options: CompareOptions, select: tuple) -> bool:
-    record = pair.record
-    layer = layer_of(pair.name) if pair.kind is not None else layer_of(record.module)
-    if options.layer is not None and (record.role == "explicit" or layer != options.layer):
+    if options.layer is not None and pair_layer(pair.name, pair.kind, pair.record) != options.layer:
         return False
     return not select or any(p.search(pair.name) for p in select)
 

@@ -26,9 +26,8 @@ def encoder() -> nn.TransformerEncoder:
     return nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False).train()
 
 
-@pytest.fixture(scope="module")
-def dumps(tmp_path_factory):
-    root = tmp_path_factory.mktemp("swapped")
+def capture_swapped(root):
+    """Dumps root/a (torch's encoder) and root/b (layer 1's second linear in fp16)."""
     x = torch.randn(1, 6, 32, generator=torch.Generator().manual_seed(1))
     for side in ("a", "b"):
         model = encoder()
@@ -39,6 +38,11 @@ def dumps(tmp_path_factory):
         with tdiff.capture(root / side), torch.no_grad():
             model(x)
     return root / "a", root / "b"
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory):
+    return capture_swapped(tmp_path_factory.mktemp("swapped"))
 
 
 def test_compare_pairs_by_name_and_finds_the_swapped_module(dumps):

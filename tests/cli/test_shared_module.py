@@ -4,6 +4,7 @@ report, and capture --layers. (SGLang shares one rotary_emb this way: tests/alig
 test_sglang_dumper_megatron.py runs the real one.)"""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -89,3 +90,18 @@ def test_capture_layers_records_the_calls_each_layer_made(tmp_path):
         model(token_ids())
     calls = {r.call for r in open_dump(tmp_path / "d").records if r.module == SHARED}
     assert calls == {FAULTY}
+
+
+def test_dumps_written_before_the_layer_field_derive_it_from_the_caller(dumps, tmp_path):
+    old = tmp_path / "b-without-layer"
+    shutil.copytree(dumps[1], old)
+    for manifest in (old / "manifests").glob("*.jsonl"):
+        lines = [json.loads(line) for line in manifest.read_text().splitlines()]
+        for line in lines:
+            line.pop("layer", None)
+        manifest.write_text("".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines))
+    assert all(r.layer is None for r in open_dump(old).records)
+    first = json.loads(tdiff_cli("compare", dumps[0], old, "--json", expect=1).output)["first_divergence"]
+    assert (first["module"], first["call"], first["layer"]) == (SHARED, FAULTY, FAULTY)
+    first = json.loads(tdiff_cli("bisect", dumps[0], old, "--json", expect=1).output)["first_divergence"]
+    assert first["layer"] == FAULTY

@@ -8,6 +8,7 @@ Each NAME is ``<run>:<model>`` and becomes the dump OUT/<run>-<model>:
     hf, megatron      a batch of 2 sequences (transformers, and its Megatron twin)
     hf1, megatron1    one sequence (as SGLang's prefill runs it)
     sglang            SGLang's model class with the transformers weights, one sequence
+    sglang_rope1      the same with layer 1's call of the shared rotary module changed
     planted           the Megatron twin with one weight of layer 1's down projection changed
     dumper            the Megatron twin run under SGLang's own dumper (OUT/dumper-<model>/<model>),
                       then captured by tdiff (OUT/dumper-tdiff-<model>)
@@ -57,11 +58,12 @@ def capture(out: Path, run: str, model_name: str) -> None:
                 model.decoder.layers[1].mlp.linear_fc2.weight[0, 0] += 0.5
         with tdiff.capture(target, side=f"{run}:{model_name}", model=model):
             gpt_forward(model, batch_ids(1 if run == "megatron1" else BATCH))
-    elif run == "sglang":
+    elif run in ("sglang", "sglang_rope1"):
         from tests.stacks.sglang import build_qwen2, build_qwen3_moe, load_hf_weights, prefill
 
         model = (build_qwen2 if model_name == "qwen2" else build_qwen3_moe)(hf.config)
         load_hf_weights(model, hf.state_dict())
+        plant_in_layer_1(model, run.removeprefix("sglang").removeprefix("_"))
         with tdiff.capture(target, side=f"{run}:{model_name}", model=model):
             prefill(model, batch_ids(1)[0])
     elif run.startswith("sgldumper"):

@@ -36,8 +36,9 @@ def choose_pairing(dump_a: Dump, dump_b: Dump, mapping: str | Path | None = None
     """
     frameworks = (framework_of(dump_a), framework_of(dump_b))
     same_format = dump_a.info.get("format") == dump_b.info.get("format")
-    if mapping is None and same_format and _layout(dump_a) == _layout(dump_b) and (
-            frameworks[0] == frameworks[1] or (not _two_known_frameworks(frameworks) and _paths_line_up(dump_a, dump_b))):
+    same_model = frameworks[0] == frameworks[1] or (
+        not all(f in ADAPTERS for f in frameworks) and _paths_line_up(dump_a, dump_b))
+    if mapping is None and same_format and same_model and _layout(dump_a) == _layout(dump_b):
         return NamePairing()
     adapters = [adapter_for(f) for f in frameworks]
     if mapping is not None:
@@ -58,10 +59,6 @@ def choose_pairing(dump_a: Dump, dump_b: Dump, mapping: str | Path | None = None
             raise TdiffError(f"{dump.path}: no adapter knows this model ({what}); write a mapping file "
                              "(docs/BOUNDARIES.md) and pass --mapping FILE")
     return CanonicalPairing(adapters[0], adapters[1])
-
-
-def _two_known_frameworks(frameworks: tuple) -> bool:
-    return all(f in ADAPTERS for f in frameworks)
 
 
 def _paths_line_up(dump_a: Dump, dump_b: Dump) -> bool:

@@ -28,7 +28,7 @@ from tdiff.bisect.verdict import EventComparator
 from tdiff.bisect.walk import bisect_dumps
 from tdiff.compare.engine import Comparison
 from tdiff.compare.metrics import EXACT, Tolerance
-from tdiff.compare.pairing import FilteredPairing, NameFilter, NamePairing, Pairing
+from tdiff.compare.pairing import NameFilter, NamePairing, Pairing
 from tdiff.errors import TdiffError
 from tdiff.store import Dump
 
@@ -50,8 +50,7 @@ def bisect_commands(run_a: str, run_b: str, work: Path, options: OnlineOptions,
     """Bisect two commands. Returns the result (with its run log), the runner (for a graft run)
     and side A's final full capture (None when there was none)."""
     runner = Runner({"A": run_a, "B": run_b}, work, echo)
-    if options.names:
-        options = replace(options, pairing=FilteredPairing(options.pairing or NamePairing(), options.names))
+    options = replace(options, pairing=options.names.applied_to(options.pairing))
     if options.stats_pass and options.tolerance.exact:
         result, final_a = _with_stats_pass(runner, options)
     else:

@@ -41,8 +41,8 @@ GIB = 1 << 30
 @click.option("--allow-incomplete", is_flag=True, help="Bisect what an incomplete dump holds.")
 @click.option("--mapping", type=click.Path(dir_okay=False), metavar="FILE",
               help="YAML mapping of module paths to canonical boundaries, for models no adapter knows.")
-def bisect(dumps, run_a, run_b, exact, atol, rtol, select, exclude, graft, try_spec, budget_gb, no_stats_pass, steps, work,
-           as_json, allow_incomplete, mapping):
+def bisect(dumps, run_a, run_b, exact, atol, rtol, select, exclude, graft, try_spec, budget_gb, no_stats_pass,
+           steps, work, as_json, allow_incomplete, mapping):
     """Name the first op boundary where two runs part, and what kind of op it is.
 
     \b
@@ -64,9 +64,8 @@ def bisect(dumps, run_a, run_b, exact, atol, rtol, select, exclude, graft, try_s
     Exit status: 0 match, 1 diverged, 2 bad input.
     """
     from tdiff.bisect.render import render_bisect
+    from tdiff.compare.pairing import NameFilter
     from tdiff.report.console import make_console
-
-    from tdiff.compare.pairing import FilteredPairing, NameFilter, NamePairing
 
     tolerance = tolerance_from(exact, atol, rtol)
     names = NameFilter.of(select, exclude)
@@ -82,9 +81,8 @@ def bisect(dumps, run_a, run_b, exact, atol, rtol, select, exclude, graft, try_s
         elif len(dumps) == 1:
             from tdiff.bisect.repeats import bisect_repeats
 
-            pairing = FilteredPairing(NamePairing(), names) if names else None
             result, runner, final_a = bisect_repeats(dumps[0], tolerance=tolerance, allow_incomplete=allow_incomplete,
-                                                     pairing=pairing), None, None
+                                                     pairing=names.applied_to(None)), None, None
         else:
             from tdiff.align import choose_pairing
             from tdiff.bisect.runs import Runner
@@ -93,9 +91,8 @@ def bisect(dumps, run_a, run_b, exact, atol, rtol, select, exclude, graft, try_s
 
             final_a = open_dump(dumps[0], allow_incomplete=allow_incomplete)
             dump_b = open_dump(dumps[1], allow_incomplete=allow_incomplete)
-            pairing = choose_pairing(final_a, dump_b, mapping)
             result = bisect_dumps(final_a, dump_b, tolerance=tolerance,
-                                  pairing=FilteredPairing(pairing, names) if names else pairing)
+                                  pairing=names.applied_to(choose_pairing(final_a, dump_b, mapping)))
             runner = Runner({"B": run_b}, work_dir, lambda line: progress.print(line, highlight=False)) \
                 if graft else None
         if graft and result.first_divergence is not None:

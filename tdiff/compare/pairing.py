@@ -80,6 +80,11 @@ class NameFilter:
             return False
         return not self.select or any(p.search(name) for p in self.select)
 
+    def applied_to(self, pairing: Pairing | None) -> Pairing | None:
+        """``pairing`` (None: by name) keeping only the pairs this filter wants; as it is when
+        the filter is empty."""
+        return FilteredPairing(pairing or NamePairing(), self) if self else pairing
+
     def nothing_left(self) -> str:
         """The one-line error when it leaves no pair."""
         said = [f"--{option} {' '.join(p.pattern for p in patterns)}"

@@ -107,7 +107,7 @@ _SCHEMA = {
     "seq": (int, False), "name": (str, False), "module": (str, False), "role": (str, False),
     "step": (int, False), "call": (int, False), "rank": (int, False), "dtype": (str, False),
     "shape": (list, False), "sub": (str, True), "module_class": (str, True), "parent": (str, True),
-    "depth": (int, True), "layer": (int, True), "device": (str, True), "stats": (dict, True), "fingerprint": (str, True),
-    "file": (str, True), "key": (str, True), "alias_of": (int, True), "attrs": (dict, True),
+    "depth": (int, True), "layer": (int, True), "device": (str, True), "stats": (dict, True),
+    "fingerprint": (str, True), "file": (str, True), "key": (str, True), "alias_of": (int, True), "attrs": (dict, True),
 }
 _REQUIRED = {name for name, (_, optional) in _SCHEMA.items() if not optional}

@@ -3,8 +3,8 @@
 Activations are flattened [tokens, hidden]; q|k|v and gate|up are fused (``qkv_proj``,
 ``gate_up_proj``); RMSNorm fuses the residual add and returns (normed, residual), so the residual
 stream lives in the norms' second output; one RotaryEmbedding module is shared by all layers (each
-call belongs to the layer that made it: tdiff.hooks.selection.record_layer); ``FusedMoE`` runs all routed experts at once
-after ``topk``.
+call belongs to the layer that made it: tdiff.hooks.selection.record_layer); ``FusedMoE`` runs all
+routed experts at once after ``topk``.
 
 At capture time :func:`annotate` records each rank's parallel coordinates and shard specs.
 """

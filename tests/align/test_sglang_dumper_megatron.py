@@ -31,15 +31,18 @@ def test_dumper_output_compares_against_a_tdiff_capture(dumps, model):
         assert tensors["layers.0.moe.dispatch"]["status"] == "match"
 
 
-def test_sglang_dumper_output_of_an_sglang_model_matches_megatron(dumps):
+@pytest.mark.parametrize("model, per_layer", [("qwen2", ()), ("qwen3_moe", ("attn.q_norm", "moe.topk_ids"))])
+def test_sglang_dumper_output_of_an_sglang_model_matches_megatron(dumps, model, per_layer):
     """SGLang's dumper tags each call of the one rotary module all layers share with the layer id
-    of its caller: every layer's RoPE boundaries pair with Megatron's, whichever side is A."""
-    sglang, megatron = dumps["sgldumper:qwen2"] / "qwen2", dumps["megatron1:qwen2"]
+    of its caller: every layer's RoPE boundaries pair with Megatron's, whichever side is A. With
+    no module classes recorded, the SGLang adapter is picked because it builds the most
+    boundaries (transformers shares most module names); the dumper numbers TopKOutput's fields."""
+    sglang, megatron = dumps[f"sgldumper:{model}"] / model, dumps[f"megatron1:{model}"]
     compare_json(megatron, sglang, "--atol", "1e-5", expect=0)
     report = compare_json(sglang, megatron, "--atol", "1e-5", expect=0)
     tensors = by_name(report)
-    rope = {f"layers.{n}.attn.{b}" for n in range(2) for b in ("q_rope", "k_rope")}
-    assert rope <= set(tensors) and all(t["status"] == "match" for t in tensors.values())
+    expected = {f"layers.{n}.{b}" for n in range(2) for b in ("attn.q_rope", "attn.k_rope", "attn.q", *per_layer)}
+    assert expected <= set(tensors) and all(t["status"] == "match" for t in tensors.values())
     assert tensors["layers.1.attn.q_rope"]["plan"]["a"][0] == "model.layers.0.self_attn.rotary_emb[0]"
     assert report["alignment"]["a"]["adapter"] == "SGLang" and report["alignment"]["a"]["unmatched"] == []
 

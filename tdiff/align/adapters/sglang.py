@@ -64,8 +64,12 @@ class SGLangAdapter(Adapter):
             out += [piece(f"mlp.{p}", match, view, [r], transforms=(Halve(i, p),), layout=_TOKENS)
                     for r in view.calls(module, "output", "0") for i, p in enumerate(("gate", "up"))]
         for match, module in view.find(self._TOPK):
-            for ids in view.calls(module, "output", "topk_ids"):
-                weights = view.get(module, "output", "topk_weights", ids.call)
+            # TopKOutput is a NamedTuple (topk_weights, topk_ids, router_logits): tdiff names its
+            # fields, SGLang's dumper numbers them
+            named = bool(view.calls(module, "output", "topk_ids"))
+            ids_sub, weights_sub = ("topk_ids", "topk_weights") if named else ("1", "0")
+            for ids in view.calls(module, "output", ids_sub):
+                weights = view.get(module, "output", weights_sub, ids.call)
                 out.append(piece("moe.topk_ids", match, view, [ids], combine=SortedTopk("ids")))
                 if weights is not None:
                     out.append(piece("moe.topk_weights", match, view, [weights, ids], combine=SortedTopk("weights")))

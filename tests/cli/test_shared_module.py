@@ -1,7 +1,7 @@
 """A module object shared by all decoder layers is named after its first owner (layer 0's path);
 each of its calls belongs to the layer that made it: in the manifest, compare --layer, bisect,
 report, and capture --layers. (SGLang shares one rotary_emb this way: tests/align/
-test_sglang_dumper_megatron.py runs the real one.)"""
+test_sglang_shared_rope.py and test_sglang_dumper_megatron.py run the real one.)"""
 
 import json
 import shutil

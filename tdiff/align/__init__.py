@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tdiff.align.adapters import adapter_for, framework_of
+from tdiff.align.adapters import ADAPTERS, adapter_for, framework_of
 from tdiff.align.boundaries import KINDS
 from tdiff.align.pairing import Alignment, CanonicalPairing
 from tdiff.compare.pairing import NamePairing, Pairing
@@ -26,15 +26,19 @@ from tdiff.store import Dump
 
 
 def choose_pairing(dump_a: Dump, dump_b: Dump, mapping: str | Path | None = None) -> Pairing:
-    """The pairing for two dumps: by name when both are tdiff captures of the same framework with
-    the same parallel layout and no mapping file is given; by canonical boundary otherwise (other
-    frameworks, TP=2 vs TP=1, a dump imported from SGLang's dumper, a mapping file).
+    """The pairing for two dumps: by name when both are tdiff captures with the same parallel
+    layout, no mapping file is given, and either their frameworks agree or their module paths line
+    up (run B swapped a module for a subclass of the user's own: its classes say nothing about the
+    model); by canonical boundary otherwise (two frameworks adapters know, TP=2 vs TP=1, a dump
+    imported from SGLang's dumper, a mapping file).
 
     Raises TdiffError when a side's model is one no adapter knows and no mapping covers it.
     """
     frameworks = (framework_of(dump_a), framework_of(dump_b))
     same_format = dump_a.info.get("format") == dump_b.info.get("format")
-    if mapping is None and same_format and frameworks[0] == frameworks[1] and _layout(dump_a) == _layout(dump_b):
+    same_model = frameworks[0] == frameworks[1] or (
+        not all(f in ADAPTERS for f in frameworks) and _paths_line_up(dump_a, dump_b))
+    if mapping is None and same_format and same_model and _layout(dump_a) == _layout(dump_b):
         return NamePairing()
     adapters = [adapter_for(f) for f in frameworks]
     if mapping is not None:
@@ -55,6 +59,17 @@ def choose_pairing(dump_a: Dump, dump_b: Dump, mapping: str | Path | None = None
             raise TdiffError(f"{dump.path}: no adapter knows this model ({what}); write a mapping file "
                              "(docs/BOUNDARIES.md) and pass --mapping FILE")
     return CanonicalPairing(adapters[0], adapters[1])
+
+
+def _paths_line_up(dump_a: Dump, dump_b: Dump) -> bool:
+    """One dump's module paths are all among the other's: the same model, perhaps captured with a
+    narrower --select."""
+    paths_a, paths_b = _module_paths(dump_a), _module_paths(dump_b)
+    return bool(paths_a and paths_b) and (paths_a <= paths_b or paths_b <= paths_a)
+
+
+def _module_paths(dump: Dump) -> set[str]:
+    return {r.module for r in dump.records if r.role != "explicit"}
 
 
 def _layout(dump: Dump) -> dict:

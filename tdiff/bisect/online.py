@@ -15,7 +15,7 @@ fits (in search mode that needs one more discovery run on side A, inside the nar
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -28,7 +28,7 @@ from tdiff.bisect.verdict import EventComparator
 from tdiff.bisect.walk import bisect_dumps
 from tdiff.compare.engine import Comparison
 from tdiff.compare.metrics import EXACT, Tolerance
-from tdiff.compare.pairing import NamePairing, Pairing
+from tdiff.compare.pairing import NameFilter, NamePairing, Pairing
 from tdiff.errors import TdiffError
 from tdiff.store import Dump
 
@@ -42,6 +42,7 @@ class OnlineOptions:
     budget_bytes: int | None = None
     steps: str | None = None
     pairing: Pairing | None = None
+    names: NameFilter = NameFilter()    # --select/--exclude: the tensors every run's comparison keeps
 
 
 def bisect_commands(run_a: str, run_b: str, work: Path, options: OnlineOptions,
@@ -49,6 +50,7 @@ def bisect_commands(run_a: str, run_b: str, work: Path, options: OnlineOptions,
     """Bisect two commands. Returns the result (with its run log), the runner (for a graft run)
     and side A's final full capture (None when there was none)."""
     runner = Runner({"A": run_a, "B": run_b}, work, echo)
+    options = replace(options, pairing=options.names.applied_to(options.pairing))
     if options.stats_pass and options.tolerance.exact:
         result, final_a = _with_stats_pass(runner, options)
     else:
@@ -119,6 +121,8 @@ def _with_search(runner: Runner, options: OnlineOptions) -> tuple[BisectResult, 
         "A", "discovery", "side A's structure outside the decoder layers (stats mode; nothing is compared)",
         mode="stats", exclude=[INSIDE_LAYER], steps=options.steps)
     spine = spine_boundaries(discovery)
+    if options.names:   # a boundary whose tensors --select/--exclude leave out cannot be probed
+        spine = [b for b in spine if any(b.matches(r) and options.names.wants(r.name) for r in discovery.records)]
     if not spine:
         raise TdiffError("side A's discovery run recorded nothing to search over (no decoder layer, "
                          "outermost model output or explicit dump)")

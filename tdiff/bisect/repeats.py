@@ -19,6 +19,7 @@ from pathlib import Path
 from tdiff.bisect.result import BisectResult
 from tdiff.bisect.walk import bisect_dumps
 from tdiff.compare.metrics import EXACT, Tolerance
+from tdiff.compare.pairing import Pairing
 from tdiff.errors import DumpError, TdiffError
 from tdiff.store import open_dump
 
@@ -67,9 +68,10 @@ class RepeatsSection:
         return {"runs": self.runs, "reference": self.reference, "differing": self.differing}
 
 
-def bisect_repeats(path: str | Path, *, tolerance: Tolerance = EXACT,
-                   allow_incomplete: bool = False) -> BisectResult:
-    """Bisect every run of a repeat folder against the first one."""
+def bisect_repeats(path: str | Path, *, tolerance: Tolerance = EXACT, allow_incomplete: bool = False,
+                   pairing: Pairing | None = None) -> BisectResult:
+    """Bisect every run of a repeat folder against the first one (``pairing``: as for
+    :func:`bisect_dumps`)."""
     runs = read_repeat_index(Path(path))
     if runs is None:
         raise TdiffError(f"{path} is not a repeat folder (no {REPEAT_FILE}); give two dumps, or a "
@@ -77,7 +79,8 @@ def bisect_repeats(path: str | Path, *, tolerance: Tolerance = EXACT,
     if len(runs) < 2:
         raise TdiffError(f"{path} holds {len(runs)} run; determinism needs at least two (--repeat 2)")
     reference = open_dump(runs[0], allow_incomplete=allow_incomplete)
-    results = [(run, bisect_dumps(reference, run, tolerance=tolerance, allow_incomplete=allow_incomplete))
+    results = [(run, bisect_dumps(reference, run, tolerance=tolerance, pairing=pairing,
+                                  allow_incomplete=allow_incomplete))
                for run in runs[1:]]
     differing = [(run, result) for run, result in results if result.first_divergence is not None]
     if differing:

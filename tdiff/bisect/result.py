@@ -61,7 +61,17 @@ class Divergence:
 
     @property
     def layer(self) -> int | None:
-        return layer_of(self.module) if self.module else None
+        """The decoder layer of ``module``'s call. A module shared by layers (SGLang's one
+        rotary_emb) is named after its first owner: its call belongs to the layer that made it,
+        which its own records (or, inside it, its children's) say."""
+        if not self.module:
+            return None
+        record = self.comparison.record
+        if record.role != "explicit" and record.module == self.module:
+            return self.comparison.layer
+        if record.layer is not None and record.module.startswith(self.module + "."):
+            return record.layer     # a child of a call that was attributed to its caller's layer
+        return layer_of(self.module)
 
     @property
     def step(self) -> int:
@@ -87,7 +97,7 @@ class TrailEntry:
 
     def to_json(self) -> dict:
         return {"name": self.comparison.name, "module": self.module, "module_b": self.module_b,
-                "layer": layer_of(self.module), "kind": self.kind,
+                "layer": self.comparison.layer, "kind": self.kind,
                 "metrics": metrics_json(self.comparison)}
 
 

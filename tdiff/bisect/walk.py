@@ -130,7 +130,12 @@ def _between_events(stream: Stream, index: int, comparison: Comparison,
     event = pair.record
     parent = parent_of(event)
     before = previous_at_level(stream, index)
-    named = (pair.kind or explicit_kind(event.name)) if event.role == "explicit" else None
+    if event.role == "explicit":
+        named = pair.kind or explicit_kind(event.name)
+    else:
+        # an aligned boundary names the op that made it (attn.q_rope is RoPE's output, mlp.act the
+        # activation's), where the neighbours would only say whose forward the code runs in
+        named = pair.kind if pair.kind != "other" else None
     kind = named or between_kind(
         parent=parent, parent_kind=_call_kind(stream, index, parent, event.depth - 1),
         before=_event_kind(stream, before, parent) if before is not None else None,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from tdiff.cli.options import quiet_option, tolerance_from, tolerance_options
+from tdiff.cli.options import name_filter_options, quiet_option, tolerance_from, tolerance_options
 from tdiff.errors import TdiffError
 
 GIB = 1 << 30
@@ -23,6 +23,7 @@ GIB = 1 << 30
 @click.option("--run-b", metavar="CMD", help="Online: side B's command line (with --graft on two dumps: "
                                              "the command that reruns side B).")
 @tolerance_options
+@name_filter_options
 @click.option("--graft", is_flag=True, help="Rerun side B with the culprit's inputs taken from side A: "
                                             "does the op differ on identical inputs?")
 @click.option("--try", "try_spec", metavar="builtin|builtin:NAMES|FILE",
@@ -41,8 +42,8 @@ GIB = 1 << 30
 @click.option("--mapping", type=click.Path(dir_okay=False), metavar="FILE",
               help="YAML mapping of module paths to canonical boundaries, for models no adapter knows.")
 @quiet_option
-def bisect(dumps, run_a, run_b, exact, atol, rtol, graft, try_spec, budget_gb, no_stats_pass, steps, work,
-           as_json, allow_incomplete, mapping, quiet):
+def bisect(dumps, run_a, run_b, exact, atol, rtol, select, exclude, graft, try_spec, budget_gb, no_stats_pass,
+           steps, work, as_json, allow_incomplete, mapping, quiet):
     """Name the first op boundary where two runs part, and what kind of op it is.
 
     \b
@@ -58,14 +59,17 @@ def bisect(dumps, run_a, run_b, exact, atol, rtol, graft, try_spec, budget_gb, n
     the narrowed region. docs/BISECT.md has the rules.
 
     Dumps of different frameworks or parallel layouts are paired by canonical op boundary, as
-    `tdiff compare` pairs them (--mapping for models no adapter knows).
+    `tdiff compare` pairs them (--mapping for models no adapter knows). --select and --exclude
+    keep only the tensors whose name (canonical name, when aligned) they leave, as in compare.
 
     Exit status: 0 match, 1 diverged, 2 bad input.
     """
     from tdiff.bisect.render import render_bisect
+    from tdiff.compare.pairing import NameFilter
     from tdiff.report.console import make_console
 
     tolerance = tolerance_from(exact, atol, rtol)
+    names = NameFilter.of(select, exclude)
     online = run_a is not None and not dumps
     _check_usage(dumps, run_a, run_b, graft or try_spec is not None, online, budget_gb, no_stats_pass, steps, work)
     if try_spec is not None and run_b is None:
@@ -74,12 +78,12 @@ def bisect(dumps, run_a, run_b, exact, atol, rtol, graft, try_spec, budget_gb, n
     with _work_dir(work, needed=online or graft or try_spec is not None) as work_dir:
         if online:
             result, runner, final_a = _online(run_a, run_b, work_dir, tolerance, budget_gb,
-                                              no_stats_pass, steps, progress)
+                                              no_stats_pass, steps, names, progress)
         elif len(dumps) == 1:
             from tdiff.bisect.repeats import bisect_repeats
 
-            result, runner, final_a = bisect_repeats(dumps[0], tolerance=tolerance,
-                                                     allow_incomplete=allow_incomplete), None, None
+            result, runner, final_a = bisect_repeats(dumps[0], tolerance=tolerance, allow_incomplete=allow_incomplete,
+                                                     pairing=names.applied_to(None)), None, None
         else:
             from tdiff.align import choose_pairing
             from tdiff.bisect.runs import Runner
@@ -89,7 +93,7 @@ def bisect(dumps, run_a, run_b, exact, atol, rtol, graft, try_spec, budget_gb, n
             final_a = open_dump(dumps[0], allow_incomplete=allow_incomplete)
             dump_b = open_dump(dumps[1], allow_incomplete=allow_incomplete)
             result = bisect_dumps(final_a, dump_b, tolerance=tolerance,
-                                  pairing=choose_pairing(final_a, dump_b, mapping))
+                                  pairing=names.applied_to(choose_pairing(final_a, dump_b, mapping)))
             runner = Runner({"B": run_b}, work_dir, lambda line: progress.print(line, highlight=False)) \
                 if graft else None
         if graft and result.first_divergence is not None:
@@ -173,11 +177,11 @@ class _work_dir:
             shutil.rmtree(self.path, ignore_errors=True)
 
 
-def _online(run_a, run_b, work, tolerance, budget_gb, no_stats_pass, steps, progress):
+def _online(run_a, run_b, work, tolerance, budget_gb, no_stats_pass, steps, names, progress):
     from tdiff.bisect.online import OnlineOptions, bisect_commands
     from tdiff.hooks.selection import parse_ranges
 
     parse_ranges(steps, "--steps")
-    options = OnlineOptions(tolerance=tolerance, stats_pass=not no_stats_pass, steps=steps,
+    options = OnlineOptions(tolerance=tolerance, stats_pass=not no_stats_pass, steps=steps, names=names,
                             budget_bytes=int(budget_gb * GIB) if budget_gb is not None else None)
     return bisect_commands(run_a, run_b, work, options, lambda line: progress.print(line, highlight=False))

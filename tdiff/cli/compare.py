@@ -7,14 +7,14 @@ import sys
 
 import click
 
-from tdiff.cli.options import quiet_option, tolerance_from, tolerance_options
+from tdiff.cli.options import name_filter_options, quiet_option, tolerance_from, tolerance_options
 
 
 @click.command()
 @click.argument("dump_a", metavar="A")
 @click.argument("dump_b", metavar="B")
 @click.option("--layer", type=int, metavar="N", help="Only tensors of decoder layer N.")
-@click.option("--select", multiple=True, metavar="REGEX", help="Only tensors whose name matches (repeatable).")
+@name_filter_options
 @tolerance_options
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @click.option("--top", type=int, default=50, show_default=True,
@@ -23,7 +23,7 @@ from tdiff.cli.options import quiet_option, tolerance_from, tolerance_options
 @click.option("--mapping", type=click.Path(dir_okay=False), metavar="FILE",
               help="YAML mapping of module paths to canonical boundaries, for models no adapter knows.")
 @quiet_option
-def compare(dump_a, dump_b, layer, select, exact, atol, rtol, as_json, top, allow_incomplete, mapping, quiet):
+def compare(dump_a, dump_b, layer, select, exclude, exact, atol, rtol, as_json, top, allow_incomplete, mapping, quiet):
     """Compare dumps A and B tensor by tensor.
 
     Dumps of one framework with one parallel layout pair tensors by name, step, call index, role
@@ -48,7 +48,8 @@ def compare(dump_a, dump_b, layer, select, exact, atol, rtol, as_json, top, allo
     b = open_dump(dump_b, allow_incomplete=allow_incomplete)
     pairing = choose_pairing(a, b, mapping)
     with progress_bar("comparing", quiet=quiet) as advance:
-        report = compare_dumps(a, b, CompareOptions(tolerance=tolerance, layer=layer, select=list(select)),
+        report = compare_dumps(a, b, CompareOptions(tolerance=tolerance, layer=layer, select=list(select),
+                                                  exclude=list(exclude)),
                                pairing=pairing, progress=advance)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=1))

@@ -21,6 +21,15 @@ def tolerance_options(command):
     return command
 
 
+def name_filter_options(command):
+    """--select and --exclude on the tensors a command compares (compare, bisect)."""
+    command = click.option("--exclude", multiple=True, metavar="REGEX",
+                           help="Skip tensors whose name matches (repeatable).")(command)
+    command = click.option("--select", multiple=True, metavar="REGEX",
+                           help="Only tensors whose name matches (repeatable).")(command)
+    return command
+
+
 def tolerance_from(exact: bool, atol: float | None, rtol: float | None):
     from tdiff.compare.metrics import EXACT, Tolerance
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from tdiff.compare.metrics import EXACT, TensorMetrics, Tolerance, compare_tensors, json_number
-from tdiff.compare.pairing import NamePairing, Pair, Pairing, Side
+from tdiff.compare.pairing import NameFilter, NamePairing, Pair, Pairing, Side
 from tdiff.errors import TdiffError
-from tdiff.hooks.selection import compile_patterns, layer_of
+from tdiff.hooks.selection import layer_of, record_layer
 from tdiff.store import Dump, Record
 from tdiff.store.dtypes import torch_dtype
 from tdiff.store.fingerprint import fingerprint_algorithm, fingerprint_as
@@ -48,10 +48,7 @@ class Comparison:
 
     @property
     def layer(self) -> int | None:
-        if self.record.role == "explicit":
-            return None
-        # an aligned pair's canonical name carries the layer (its records may sit elsewhere)
-        return layer_of(self.name) if self.kind is not None else layer_of(self.record.module)
+        return pair_layer(self.name, self.kind, self.record)
 
     @property
     def boundary_kind(self) -> str:
@@ -84,6 +81,7 @@ class CompareOptions:
     tolerance: Tolerance = EXACT
     layer: int | None = None
     select: list[str] = field(default_factory=list)
+    exclude: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -136,10 +134,10 @@ def compare_dumps(a: Dump, b: Dump, options: CompareOptions | None = None, *,
                   progress: Callable[[int, int], None] | None = None) -> CompareReport:
     options = options or CompareOptions()
     pairing = pairing or NamePairing()
-    select = compile_patterns(options.select, "--select")
-    pairs = [p for p in pairing.pair(a, b) if _wanted(p, options, select)]
+    names = NameFilter.of(options.select, options.exclude)
+    pairs = [p for p in pairing.pair(a, b) if _wanted(p, options, names)]
     if not pairs:
-        raise TdiffError(_nothing_to_compare(options))
+        raise TdiffError(_nothing_to_compare(options, names))
     comparator = PairComparator(a, b, options.tolerance)
     budget = _MemoryBudget(max(_pair_bytes(p) for p in pairs))
     comparisons = []
@@ -184,18 +182,24 @@ class _MemoryBudget:
                 self._changed.notify_all()
 
 
-def _wanted(pair: Pair, options: CompareOptions, select: tuple) -> bool:
-    record = pair.record
-    layer = layer_of(pair.name) if pair.kind is not None else layer_of(record.module)
-    if options.layer is not None and (record.role == "explicit" or layer != options.layer):
+def pair_layer(name: str, kind: str | None, record: Record) -> int | None:
+    """The decoder layer of a pair (None for explicit dumps): an aligned pair's canonical name
+    carries it (its records may sit elsewhere); else the layer its record's call belongs to."""
+    if record.role == "explicit":
+        return None
+    return layer_of(name) if kind is not None else record_layer(record)
+
+
+def _wanted(pair: Pair, options: CompareOptions, names: NameFilter) -> bool:
+    if options.layer is not None and pair_layer(pair.name, pair.kind, pair.record) != options.layer:
         return False
-    return not select or any(p.search(pair.name) for p in select)
+    return names.wants(pair.name)
 
 
-def _nothing_to_compare(options: CompareOptions) -> str:
+def _nothing_to_compare(options: CompareOptions, names: NameFilter) -> str:
     if options.layer is not None:
         return f"nothing to compare: neither dump has tensors of layer {options.layer}"
-    return f"nothing to compare: no tensor name matches --select {' '.join(options.select)}"
+    return names.nothing_left()
 
 
 class PairComparator:

@@ -7,12 +7,15 @@ also attach a plan that reshapes or reassembles tensors before they are compared
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 import torch
 
+from tdiff.errors import TdiffError
+from tdiff.hooks.selection import compile_patterns
 from tdiff.store import Dump, Record
 
 
@@ -55,6 +58,58 @@ class NamePairing:
                               make=lambda ra, rb: Pair(name=(ra or rb).name,
                                                        a=Side([ra]) if ra else None,
                                                        b=Side([rb]) if rb else None))
+
+
+@dataclass(frozen=True)
+class NameFilter:
+    """``--select`` / ``--exclude`` of compare and bisect: a pair is wanted when its name matches
+    a select pattern (or none is given) and no exclude pattern (``re.search``)."""
+
+    select: tuple[re.Pattern, ...] = ()
+    exclude: tuple[re.Pattern, ...] = ()
+
+    @classmethod
+    def of(cls, select=(), exclude=()) -> NameFilter:
+        return cls(compile_patterns(select, "--select"), compile_patterns(exclude, "--exclude"))
+
+    def __bool__(self) -> bool:
+        return bool(self.select or self.exclude)
+
+    def wants(self, name: str) -> bool:
+        if any(p.search(name) for p in self.exclude):
+            return False
+        return not self.select or any(p.search(name) for p in self.select)
+
+    def applied_to(self, pairing: Pairing | None) -> Pairing | None:
+        """``pairing`` (None: by name) keeping only the pairs this filter wants; as it is when
+        the filter is empty."""
+        return FilteredPairing(pairing or NamePairing(), self) if self else pairing
+
+    def nothing_left(self) -> str:
+        """The one-line error when it leaves no pair."""
+        said = [f"--{option} {' '.join(p.pattern for p in patterns)}"
+                for option, patterns in (("select", self.select), ("exclude", self.exclude)) if patterns]
+        if not said:
+            return "nothing to compare: the dumps have no tensor in common"
+        return f"nothing to compare: no tensor name is left by {' and '.join(said)}"
+
+
+class FilteredPairing:
+    """Another pairing's pairs whose names a :class:`NameFilter` wants."""
+
+    def __init__(self, pairing: Pairing, name_filter: NameFilter):
+        self.pairing, self.name_filter = pairing, name_filter
+
+    @property
+    def alignment(self):
+        return getattr(self.pairing, "alignment", None)
+
+    def pair(self, a: Dump, b: Dump) -> list[Pair]:
+        pairs = self.pairing.pair(a, b)
+        wanted = [p for p in pairs if self.name_filter.wants(p.name)]
+        if pairs and not wanted:
+            raise TdiffError(self.name_filter.nothing_left())
+        return wanted
 
 
 def merge_in_order(items_a, items_b, *, key, make) -> list:

@@ -37,7 +37,7 @@ from tdiff.hooks.annotations import annotate, annotating_framework
 from tdiff.hooks.cuda_graphs import DEFAULT_GRAPH_BUDGET, GraphRecorder, install_graph_hooks
 from tdiff.hooks.device import Summarizer, host_copy
 from tdiff.hooks.naming import ModulePaths, flatten_call_inputs, flatten_tensors, tensor_name
-from tdiff.hooks.selection import Selection, parse_ranges
+from tdiff.hooks.selection import Selection, call_layer, layer_of, parse_ranges
 
 MODES = ("full", "stats")
 
@@ -46,11 +46,12 @@ _original_call = None
 
 
 class _Frame:
-    __slots__ = ("module", "path", "call", "annotator", "compiled")
+    __slots__ = ("module", "path", "call", "annotator", "layer", "compiled")
 
-    def __init__(self, module, path, call, annotator, compiled=False):
+    def __init__(self, module, path, call, annotator, layer, compiled=False):
         self.module, self.path, self.call = module, path, call
         self.annotator = annotator   # the framework whose annotator describes this call's records
+        self.layer = layer           # the decoder layer this call belongs to (tdiff.hooks.selection.call_layer)
         self.compiled = compiled     # a torch.compile'd module: what it calls runs as compiled code
 
 
@@ -86,6 +87,7 @@ class Capture:
         self._calls: dict[str, int] = {}         # per-step invocation counters by module path / name
         self._seq = itertools.count()
         self._paths = ModulePaths()
+        self._call_layers: dict[tuple, tuple[int | None, int | None]] = {}
         self._local = threading.local()
         self._aliases: dict[int, tuple] = {}
         self._rank: int | None = None
@@ -203,21 +205,22 @@ class Capture:
         calls[path] = call + 1
         if self._graft is not None:
             args, kwargs = self._graft.inputs(path, self.step_index, call, self._current_rank(), args, kwargs)
+        layer, other_layer = self._layer_of_call(path, parent)
         recording = ((graph is not None or self.selection.wants_step(self.step_index))
-                     and self.selection.wants(path) and not self.writer.failed)
+                     and self.selection.wants(path, layer=other_layer) and not self.writer.failed)
         compiled = _compiled(module)
         # a torch.compile wrapper's records are described (class, framework) by the model it wraps
         described = getattr(module, "_orig_mod", module) if compiled else module
         # a framework's annotator also describes the plain torch modules inside its models
         annotator = annotating_framework(described, parent.annotator if parent else None)
-        where = (path, described, parent, len(stack), annotator, path)
+        where = (path, described, parent, len(stack), annotator, path, other_layer)
         if recording:
             for sub, tensor in flatten_call_inputs(args, kwargs):
                 self._record(tensor, tensor_name(path, sub), sub, "input", call, where)
         if compiled:
             self.note(f"torch.compile: {tensor_name(path, '')} ran compiled: its inputs and outputs are "
                       "recorded, the modules inside it are not (capture without torch.compile to record them)")
-        stack.append(_Frame(module, path, call, annotator, compiled))
+        stack.append(_Frame(module, path, call, annotator, layer, compiled))
         try:
             output = invoke(*args, **kwargs)
         finally:
@@ -241,16 +244,26 @@ class Capture:
         if not ((graph is not None or self.selection.wants_step(self.step_index))
                 and self.selection.wants(name, explicit=True) and not self.writer.failed):
             return
-        where = (parent.path if parent else "", None, parent, len(stack), None, name)
+        where = (parent.path if parent else "", None, parent, len(stack), None, name, None)
         for sub, tensor in flatten_tensors(value):
             self._record(tensor, tensor_name(name, sub), sub, "explicit", call, where)
+
+    def _layer_of_call(self, path: str, parent: _Frame | None) -> tuple[int | None, int | None]:
+        """The decoder layer this call belongs to, and that layer again where the module path
+        says another (a module shared by layers: recorded as ``Record.layer``), else None."""
+        key = (path, parent.path, parent.layer) if parent else (path, None, None)
+        found = self._call_layers.get(key)
+        if found is None:
+            layer = call_layer(*key)
+            found = self._call_layers[key] = (layer, layer if layer != layer_of(path) else None)
+        return found
 
     # ---- recording one tensor ----
     def _record(self, tensor: torch.Tensor, name: str, sub: str, role: str, call: int,
                 where: tuple) -> None:
         if tensor.device.type == "meta":
             return
-        module_path, module, parent, depth, annotator, counter = where
+        module_path, module, parent, depth, annotator, counter, layer = where
         graph = self._graphs.capturing()
         seq = next(self._seq)
         alias_of = self._alias_of(tensor, seq) if graph is None else None
@@ -265,7 +278,7 @@ class Capture:
             seq=seq, name=name, module=module_path, role=role, step=self.step_index, call=call,
             rank=self._current_rank(), dtype=dtype_name(tensor.dtype), shape=tuple(tensor.shape),
             sub=sub, module_class=type(module).__name__ if module is not None else None,
-            parent=parent.path if parent else None, depth=depth, device=str(tensor.device),
+            parent=parent.path if parent else None, depth=depth, layer=layer, device=str(tensor.device),
             alias_of=alias_of,
             attrs=annotate(module, module_path, role, sub, tensor, annotator) if module is not None else {})
         if graph is not None:

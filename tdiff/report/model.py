@@ -53,11 +53,14 @@ def boundary_of(c: Comparison) -> tuple[int | None, str]:
 
 
 def _within_layer(module: str, layer: int) -> str:
-    """The module path after its (innermost) decoder layer: 'self_attn.q_proj'."""
+    """The module path after its (innermost) decoder layer: 'self_attn.q_proj'. A module shared
+    by layers is named after its first owner (layer 0's path, called by layer 3): the path after
+    that owner's layer."""
     parts = module.split(".")
-    for i in range(len(parts) - 1, 0, -1):
-        if parts[i] == str(layer) and layer_of(f"{parts[i - 1]}.{parts[i]}") == layer:
-            return ".".join(parts[i + 1:]) or LAYER_ITSELF
+    for owner in (layer, layer_of(module)):
+        for i in range(len(parts) - 1, 0, -1):
+            if parts[i] == str(owner) and layer_of(f"{parts[i - 1]}.{parts[i]}") == owner:
+                return ".".join(parts[i + 1:]) or LAYER_ITSELF
     return module
 
 

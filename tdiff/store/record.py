@@ -32,6 +32,7 @@ class Record:
     module_class: str | None = None
     parent: str | None = None   # module path of the enclosing call, None at the top
     depth: int = 0
+    layer: int | None = None    # the decoder layer that made the call, where the module path says another
     device: str = "cpu"
     stats: dict | None = None
     fingerprint: str | None = None
@@ -84,7 +85,7 @@ class Record:
         values["shape"] = tuple(shape)
         if values["role"] not in ROLES:
             raise DumpError(f"{where}: field 'role' must be one of {', '.join(ROLES)}")
-        for name in ("seq", "step", "call", "rank", "depth"):
+        for name in ("seq", "step", "call", "rank", "depth", "layer"):
             if name in values and values[name] < 0:
                 raise DumpError(f"{where}: field {name!r} must not be negative")
         if ("file" in values) != ("key" in values):
@@ -106,7 +107,7 @@ _SCHEMA = {
     "seq": (int, False), "name": (str, False), "module": (str, False), "role": (str, False),
     "step": (int, False), "call": (int, False), "rank": (int, False), "dtype": (str, False),
     "shape": (list, False), "sub": (str, True), "module_class": (str, True), "parent": (str, True),
-    "depth": (int, True), "device": (str, True), "stats": (dict, True), "fingerprint": (str, True),
-    "file": (str, True), "key": (str, True), "alias_of": (int, True), "attrs": (dict, True),
+    "depth": (int, True), "layer": (int, True), "device": (str, True), "stats": (dict, True),
+    "fingerprint": (str, True), "file": (str, True), "key": (str, True), "alias_of": (int, True), "attrs": (dict, True),
 }
 _REQUIRED = {name for name, (_, optional) in _SCHEMA.items() if not optional}

@@ -11,6 +11,7 @@ Names map onto tdiff's: ``non_intrusive__<module>.inputs.<arg>[.<key>]`` and
 dumper lifts out of model inputs (``input_ids``, ``positions``, ...) inputs of the outermost model,
 and every other name an explicit dump. The dumper records no module classes; the framework comes
 from the parallel information it stores (``megatron_parallel_info`` / ``sglang_parallel_info``).
+The calls of a module shared by the layers go to the layer id the dumper tagged them with.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 import torch
 
 from tdiff.errors import DumpError
+from tdiff.hooks.selection import layer_of
 from tdiff.store.dtypes import dtype_name
 from tdiff.store.manifest import Part
 from tdiff.store.record import Record
@@ -82,7 +84,7 @@ def open_dumper_dump(path: Path):
             by_rank[_int(tags.get("rank"), 0)].append(_record(file.name, key, tensor, tags))
     parts = []
     for rank, records in sorted(by_rank.items()):
-        records = _number_calls(sorted(records, key=lambda r: (r.step, r.seq)))
+        records = _attribute_shared_modules(_number_calls(sorted(records, key=lambda r: (r.step, r.seq))))
         part = Part(name=f"{FORMAT}-rank{rank}", header={"format": FORMAT, "rank": rank}, records=records)
         for r in records:
             object.__setattr__(r, "part", part.name)
@@ -177,6 +179,27 @@ def _number_calls(records: list[Record]) -> list[Record]:
         object.__setattr__(r, "call", seen[key])
         seen[key] += 1
     return records
+
+
+def _attribute_shared_modules(records: list[Record]) -> list[Record]:
+    """A module whose calls in one step carry several layer ids is shared by the layers (SGLang's
+    one rotary_emb, named after layer 0): each call belongs to its layer id, recorded as
+    ``Record.layer`` where the module path says another layer."""
+    layer_ids: dict[tuple, set] = defaultdict(set)
+    for r in records:
+        if r.role != "explicit":
+            layer_ids[(r.step, r.module)].add(_layer_id(r))
+    for r in records:
+        layer = _layer_id(r)
+        if r.role != "explicit" and layer is not None and len(layer_ids[(r.step, r.module)]) > 1 \
+                and layer != layer_of(r.module):
+            object.__setattr__(r, "layer", layer)
+    return records
+
+
+def _layer_id(record: Record) -> int | None:
+    value = _int((record.attrs.get("tags") or {}).get("layer_id"), -1)
+    return value if value >= 0 else None
 
 
 def _attrs(tags: dict) -> dict:

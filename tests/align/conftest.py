@@ -15,8 +15,9 @@ from tests.stacks.capture_models import batch_ids  # noqa: F401  (the inputs eve
 
 RUNS = ["hf:qwen2", "hf:llama", "hf:qwen3_moe", "hf1:qwen2", "hf1:qwen3_moe", "megatron:qwen2", "megatron:llama",
         "megatron:qwen3_moe",
-        "megatron1:qwen2", "megatron1:qwen3_moe", "sglang:qwen2", "sglang:qwen3_moe", "planted:qwen2",
-        "dumper:qwen2", "dumper:qwen3_moe", "tp1:qwen2+qwen3_moe"]
+        "megatron1:qwen2", "megatron1:qwen3_moe", "sglang:qwen2", "sglang:qwen3_moe", "sglang_rope1:qwen2", "planted:qwen2",
+        "dumper:qwen2", "dumper:qwen3_moe", "tp1:qwen2+qwen3_moe", "sgldumper:qwen2", "sgldumper:qwen3_moe", "sgldumper_rope1:qwen2",
+        "sgldumper_attn1:qwen2"]
 
 
 class Dumps:

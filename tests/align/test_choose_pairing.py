@@ -29,3 +29,13 @@ def test_a_mapping_makes_even_one_framework_align_by_boundary(dumps, tmp_path):
     pairing = choose_pairing(hf, hf, tmp_path / "map.yaml")
     assert [p.name for p in pairing.pair(hf, hf)] == ["embedding"]
     assert pairing.alignment.a.adapter == "mapping map.yaml"
+
+
+def test_two_frameworks_adapters_know_pair_by_boundary_even_where_their_paths_line_up(dumps):
+    """HF and SGLang share many module paths (model.embed_tokens, model.layers.N.input_layernorm):
+    restricted to those, as captures with a --select would be, they are still two frameworks."""
+    hf, sglang = open_dump(dumps["hf1:qwen2"]), open_dump(dumps["sglang:qwen2"])
+    common = {r.module for r in hf.records} & {r.module for r in sglang.records}
+    for dump in (hf, sglang):
+        dump.records = [r for r in dump.records if r.module in common]
+    assert isinstance(choose_pairing(hf, sglang), CanonicalPairing)

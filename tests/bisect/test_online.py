@@ -5,6 +5,8 @@ import math
 import shlex
 import sys
 
+import pytest
+
 from tests.helpers import DEMO, REPO, tdiff_cli, tdiff_process
 
 PYTHON = shlex.quote(sys.executable)
@@ -118,3 +120,11 @@ def test_a_budget_after_a_search_measures_the_layer_and_captures_its_children_on
     assert purposes[0] == purposes[-2] == "discovery" and purposes[-1] == "final capture"
     assert "sizes inside `model.layers.1`" in report["runs"]["log"][-3]["why"]
     assert "everything in it" not in report["runs"]["log"][-1]["why"]
+
+
+@pytest.mark.slow
+def test_exclude_leaves_the_planted_norm_out_of_every_run_compared(tmp_path):
+    report, _ = bisect("--run-a", DEMO_CMD, "--run-b", f"{DEMO_CMD} --planted", "--exclude", "post_attention_layernorm",
+                       expect=1)
+    d = report["first_divergence"]
+    assert "post_attention_layernorm" not in d["name"] and d["layer"] == 1

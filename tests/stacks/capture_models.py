@@ -8,9 +8,14 @@ Each NAME is ``<run>:<model>`` and becomes the dump OUT/<run>-<model>:
     hf, megatron      a batch of 2 sequences (transformers, and its Megatron twin)
     hf1, megatron1    one sequence (as SGLang's prefill runs it)
     sglang            SGLang's model class with the transformers weights, one sequence
+    sglang_rope1      the same with layer 1's call of the shared rotary module changed
     planted           the Megatron twin with one weight of layer 1's down projection changed
     dumper            the Megatron twin run under SGLang's own dumper (OUT/dumper-<model>/<model>),
                       then captured by tdiff (OUT/dumper-tdiff-<model>)
+    sgldumper         SGLang's model class with the transformers weights, one sequence, run under
+                      SGLang's own dumper (OUT/sgldumper-<model>/<model>)
+    sgldumper_rope1   the same with layer 1's call of the shared rotary module changed
+    sgldumper_attn1   the same with layer 1's attention scale changed
     tp1               tests/stacks/run_megatron.py's models, one per step, on one process
 """
 
@@ -53,13 +58,28 @@ def capture(out: Path, run: str, model_name: str) -> None:
                 model.decoder.layers[1].mlp.linear_fc2.weight[0, 0] += 0.5
         with tdiff.capture(target, side=f"{run}:{model_name}", model=model):
             gpt_forward(model, batch_ids(1 if run == "megatron1" else BATCH))
-    elif run == "sglang":
+    elif run in ("sglang", "sglang_rope1"):
         from tests.stacks.sglang import build_qwen2, build_qwen3_moe, load_hf_weights, prefill
 
         model = (build_qwen2 if model_name == "qwen2" else build_qwen3_moe)(hf.config)
         load_hf_weights(model, hf.state_dict())
+        plant_in_layer_1(model, run.removeprefix("sglang").removeprefix("_"))
         with tdiff.capture(target, side=f"{run}:{model_name}", model=model):
             prefill(model, batch_ids(1)[0])
+    elif run.startswith("sgldumper"):
+        from sglang.srt.debug_utils.dumper import dumper
+        from tests.stacks.sglang import build_qwen2, build_qwen3_moe, load_hf_weights, prefill
+
+        model = (build_qwen2 if model_name == "qwen2" else build_qwen3_moe)(hf.config)
+        load_hf_weights(model, hf.state_dict())
+        plant_in_layer_1(model, run.removeprefix("sgldumper").removeprefix("_"))
+        dumper.configure(enable=True, dir=str(target), exp_name=model_name, non_intrusive_mode="all",
+                         enable_output_console=False)
+        dumper.register_non_intrusive_dumper(model)
+        prefill(model, batch_ids(1)[0])
+        dumper.step()
+        dumper.reset()
+        dumper.configure(enable=False)
     elif run == "dumper":
         from sglang.srt.debug_utils.dumper import dumper
 
@@ -75,6 +95,23 @@ def capture(out: Path, run: str, model_name: str) -> None:
             gpt_forward(model, batch_ids())
     else:
         raise SystemExit(f"unknown run {run!r}")
+
+
+def plant_in_layer_1(model, what: str) -> None:
+    """A fault in layer 1 of an SGLang model: "rope1" changes the second call of the rotary module
+    all layers share (the call layer 1 makes), "attn1" the scale of layer 1's attention."""
+    if what == "rope1":
+        calls = []
+
+        def second_call(_module, _inputs, output):
+            calls.append(None)
+            return (output[0] * 1.001, output[1]) if len(calls) == 2 else output
+
+        model.model.layers[0].self_attn.rotary_emb.register_forward_hook(second_call)
+    elif what == "attn1":
+        model.model.layers[1].self_attn.attn.scaling *= 1.05
+    elif what:
+        raise SystemExit(f"unknown fault {what!r}")
 
 
 def main() -> None:

@@ -23,15 +23,16 @@ _GENERIC = {"torch", "tdiff", ""}
 def framework_of(dump: Dump) -> str | None:
     """The framework of a dump's model: the package most of its non-torch module classes come
     from (``attrs["framework"]``), preferring one an adapter knows. A dump that records no module
-    classes at all (SGLang's dumper output) goes to the adapter whose rules match most of its
-    module paths. None when nothing says."""
+    classes at all (SGLang's dumper output) goes to the adapter that builds the most canonical
+    boundaries from it (module names alone are ambiguous: SGLang and transformers share most of
+    them). None when nothing says."""
     counts = Counter(r.attrs.get("framework") for r in dump.records if r.role != "explicit")
     counts = Counter({f: n for f, n in counts.items() if isinstance(f, str) and f not in _GENERIC})
     known = [f for f, _ in counts.most_common() if f in ADAPTERS]
     if known:
         return known[0]
     if not counts and all(r.module_class is None for r in dump.records):
-        scores = Counter({f: cls().recognized(dump) for f, cls in ADAPTERS.items()})
+        scores = Counter({f: len(cls().canonicalize(dump).tensors) for f, cls in ADAPTERS.items()})
         best = scores.most_common(2)
         if best and best[0][1] > 0 and (len(best) == 1 or best[0][1] > best[1][1]):
             return best[0][0]

@@ -112,11 +112,6 @@ class Adapter:
     def not_exposed_in(self, dump: Dump) -> dict[str, str]:
         return dict(self.not_exposed)
 
-    def recognized(self, dump: Dump) -> int:
-        """How many distinct module paths of the dump this adapter's rules know."""
-        return sum(1 for module in {r.module for r in dump.records if r.role != "explicit"}
-                   if any(pattern.fullmatch(module) for rule, pattern in self._compiled if rule.pattern))
-
     def pieces(self, view: View) -> list[Piece]:
         """Every canonical piece in one rank's records of one step (the simple rules; adapters
         add the boundaries that need several records or a split)."""

@@ -2,9 +2,9 @@
 
 Activations are flattened [tokens, hidden]; q|k|v and gate|up are fused (``qkv_proj``,
 ``gate_up_proj``); RMSNorm fuses the residual add and returns (normed, residual), so the residual
-stream lives in the norms' second output; one RotaryEmbedding module is shared by all layers (its
-calls are told apart by the calling attention module); ``FusedMoE`` runs all routed experts at once
-after ``topk``.
+stream lives in the norms' second output; one RotaryEmbedding module is shared by all layers (each
+call belongs to the layer that made it: tdiff.hooks.selection.record_layer); ``FusedMoE`` runs all
+routed experts at once after ``topk``.
 
 At capture time :func:`annotate` records each rank's parallel coordinates and shard specs.
 """
@@ -17,6 +17,7 @@ import torch
 
 from tdiff.align.adapters.base import Adapter, Rule, View, piece
 from tdiff.align.ops import Add, Halve, Narrow, SortedTopk, TokensFirst
+from tdiff.hooks.selection import record_layer
 
 _LAYER = r"(?:.*\.)?layers\.(?P<layer>\d+)\."
 _MODEL = r"(?:.*\.)?model|"        # the *Model module (the root itself when it is the capture root)
@@ -54,7 +55,6 @@ class SGLangAdapter(Adapter):
     _TOPK = re.compile(_LAYER + r"mlp\.topk")
     _MLP = re.compile(r"(?P<layers>(?:.*\.)?layers\.)(?P<layer>\d+)\.mlp")
     _ROTARY = re.compile(r".*\.rotary_emb")
-    _ATTENTION = re.compile(r"(?P<prefix>(?:.*\.)?layers\.(?P<layer>\d+)\.)self_attn")
 
     def pieces(self, view: View):
         out = super().pieces(view)
@@ -64,8 +64,12 @@ class SGLangAdapter(Adapter):
             out += [piece(f"mlp.{p}", match, view, [r], transforms=(Halve(i, p),), layout=_TOKENS)
                     for r in view.calls(module, "output", "0") for i, p in enumerate(("gate", "up"))]
         for match, module in view.find(self._TOPK):
-            for ids in view.calls(module, "output", "topk_ids"):
-                weights = view.get(module, "output", "topk_weights", ids.call)
+            # TopKOutput is a NamedTuple (topk_weights, topk_ids, router_logits): tdiff names its
+            # fields, SGLang's dumper numbers them
+            named = bool(view.calls(module, "output", "topk_ids"))
+            ids_sub, weights_sub = ("topk_ids", "topk_weights") if named else ("1", "0")
+            for ids in view.calls(module, "output", ids_sub):
+                weights = view.get(module, "output", weights_sub, ids.call)
                 out.append(piece("moe.topk_ids", match, view, [ids], combine=SortedTopk("ids")))
                 if weights is not None:
                     out.append(piece("moe.topk_weights", match, view, [weights, ids], combine=SortedTopk("weights")))
@@ -96,21 +100,24 @@ class SGLangAdapter(Adapter):
         return out
 
     def _rope(self, view: View, module: str):
-        """The shared rotary module: its calls belong to the attention module that made them.
+        """The shared rotary module: each call belongs to the layer that made it (the calling
+        attention module in a tdiff capture, the dumper's layer id in SGLang's dumper output).
         Its inputs are q and k after the per-head norms (when the model has them), its outputs
         q and k after RoPE."""
         out = []
         for role, names in (("input", {"1": "attn.q_norm", "2": "attn.k_norm"}),
                             ("output", {"0": "attn.q_rope", "1": "attn.k_rope"})):
             for sub, boundary in names.items():
+                if role == "input" and not any(m.endswith(".self_attn." + boundary[5:]) for m in view.modules):
+                    continue   # no per-head norm in this model: the input is plain q / k
+                calls: dict[int, int] = {}
                 for record in view.calls(module, role, sub):
-                    caller = self._ATTENTION.fullmatch(record.parent or "")
-                    if caller is None:
+                    layer = record_layer(record)
+                    if layer is None:
                         continue
-                    if role == "input" and f"{record.parent}.{boundary[5:]}" not in view.modules:
-                        continue   # no per-head norm in this model: the input is plain q / k
-                    out.append(piece(boundary, None, view, [record], layout=_TOKENS, layer=int(caller.group("layer")),
-                                     call=0))
+                    out.append(piece(boundary, None, view, [record], layout=_TOKENS, layer=layer,
+                                     call=calls.setdefault(layer, 0)))
+                    calls[layer] += 1
         return out
 
     def _layer_output(self, view: View, match, mlp: str):

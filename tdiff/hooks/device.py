@@ -4,7 +4,7 @@ place (stats mode), without stalling the GPU.
 - Full mode: a GPU tensor is snapshotted on its own stream (a device-side copy into bounded
   staging memory), then copied into pinned host memory on a side stream, overlapping the forward
   pass; the writer waits for the copy's event.
-- Stats mode: a GPU tensor is summarised by one fused kernel (statistics and wsum64 digest, see
+- Stats mode: a GPU tensor is summarised by one fused kernel (statistics and mix64 digest, see
   tdiff.store.device_summary) into a slot of a device-side table; slots go to the host in batches,
   one copy and one event per batch instead of per tensor.
 """
@@ -17,9 +17,9 @@ import threading
 
 import torch
 
-from tdiff.store.dtypes import to_bytes_view
-from tdiff.store.fingerprint import host_stats, stats_dict, tensor_stats, wsum64_fingerprint_tensor, \
-    wsum64_format, xxh3_fingerprint
+from tdiff.store.dtypes import dtype_name, to_bytes_view
+from tdiff.store.fingerprint import digest_format, host_stats, mix64_fingerprint_tensor, stats_dict, \
+    tensor_stats, xxh3_fingerprint
 
 _BATCH = 512  # summaries copied to the host together
 
@@ -40,7 +40,8 @@ class _DeviceSummary(Summary):
 
     def resolve(self, record) -> tuple[dict, str]:
         stats, digests = self._batch.wait()
-        return stats_dict(stats[self._index]), wsum64_format(digests[self._index], record.dtype, record.shape)
+        fingerprint = digest_format("mix64", digests[self._index], record.dtype, record.shape)
+        return stats_dict(stats[self._index]), fingerprint
 
 
 class _Batch:
@@ -121,7 +122,7 @@ class Summarizer:
 
 def _resolved(packed: torch.Tensor, tensor: torch.Tensor) -> Summary:
     digest = int(packed[6:].view(torch.int64)[0])
-    return Summary(packed[:6], wsum64_format(digest, str(tensor.dtype).removeprefix("torch."), tensor.shape))
+    return Summary(packed[:6], digest_format("mix64", digest, dtype_name(tensor.dtype), tensor.shape))
 
 
 def _fused(tensor: torch.Tensor) -> bool:
@@ -133,8 +134,8 @@ def _fused(tensor: torch.Tensor) -> bool:
 
 
 def _packed_summary(tensor: torch.Tensor) -> torch.Tensor:
-    """[6 statistics, the wsum64 digest's bits] as float64 on the tensor's device (torch ops)."""
-    return torch.cat([tensor_stats(tensor), wsum64_fingerprint_tensor(tensor).view(1).view(torch.float64)])
+    """[6 statistics, the mix64 digest's bits] as float64 on the tensor's device (torch ops)."""
+    return torch.cat([tensor_stats(tensor), mix64_fingerprint_tensor(tensor).view(1).view(torch.float64)])
 
 
 STAGING_ENV = "TDIFF_MAX_DEVICE_STAGING"

@@ -1,5 +1,5 @@
 """Capture on a CUDA GPU: snapshots copied out through bounded staging memory (full mode) and
-the fused device summary (stats mode). Skipped on machines without
+the fused device summary with its mix64 fingerprint (stats mode). Skipped on machines without
 CUDA; run on the GPU machine with `python -m pytest tests/hooks/test_cuda_capture.py` (the
 megatron-core test also needs megatron-core installed)."""
 
@@ -41,10 +41,11 @@ def test_full_mode_stores_exactly_what_the_model_computed(tmp_path):
 def test_stats_mode_fingerprints_agree_with_full_mode_data(tmp_path):
     model, ids = tiny_qwen2(torch.bfloat16).cuda(), token_ids(64).cuda()
     stats = run(model, ids, tmp_path / "stats", mode="stats")
-    assert all(r.fingerprint.startswith("wsum64:") and r.file is None for r in stats.records)
+    assert all(r.fingerprint.startswith("mix64:") and r.file is None for r in stats.records)
     assert all(r.stats["nan"] == 0 for r in stats.records)
     full = run(model, ids, tmp_path / "full")
-    # the comparison recomputes wsum64 from the stored data: equal bits must give equal digests
+    # the comparison recomputes mix64 from the stored data on the host: equal bits must give
+    # equal digests, from the Triton kernel and from torch on the CPU alike
     assert compare_dumps(stats, full).status == "match"
     assert compare_dumps(stats, run(model, ids, tmp_path / "stats2", mode="stats")).status == "match"
 
@@ -62,6 +63,100 @@ def test_stats_mode_catches_one_ulp_on_the_gpu(tmp_path):
     b = run(model, ids, tmp_path / "b", mode="stats")
     handle.remove()
     assert compare_dumps(a, b).first_divergence.name == "model.layers.1.mlp.down_proj"
+
+
+def plant_in_stats_mode(model, ids, path, module, plant):
+    def hook(module, args, output):
+        output = output.clone()
+        plant(output)
+        return output
+
+    handle = model.get_submodule(module).register_forward_hook(hook)
+    try:
+        return run(model, ids, path, mode="stats")
+    finally:
+        handle.remove()
+
+
+def test_stats_mode_catches_two_sign_flips_that_cancel_in_wsum64(tmp_path):
+    """bf16 elements 3 and 7 hold the sign bits 63 of two words: wsum64 added 2**63 twice."""
+    model, ids = tiny_qwen2(torch.bfloat16).cuda(), token_ids(64).cuda()
+    a = run(model, ids, tmp_path / "a", mode="stats")
+
+    def flip_signs(output):
+        output.view(torch.int16).view(-1)[[3, 7]] ^= -(1 << 15)
+
+    b = plant_in_stats_mode(model, ids, tmp_path / "b", "model.layers.0.mlp.down_proj", flip_signs)
+    assert compare_dumps(a, b).first_divergence.name == "model.layers.0.mlp.down_proj"
+
+
+def test_stats_mode_catches_two_negative_zeros(tmp_path):
+    class Zeros(torch.nn.Module):
+        def forward(self, x):
+            return torch.zeros(64, device=x.device)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.zeros = Zeros()
+
+        def forward(self, x):
+            return self.zeros(x) + 1
+
+    model, x = Model(), torch.ones(1, device="cuda")
+    a = run(model, x, tmp_path / "a", mode="stats")
+
+    def negative_zeros(output):
+        output[[1, 3]] = -0.0  # fp32 elements 1 and 3: the sign bits 63 of words 0 and 1
+
+    b = plant_in_stats_mode(model, x, tmp_path / "b", "zeros", negative_zeros)
+    assert compare_dumps(a, b).first_divergence.name == "zeros"
+
+
+def test_the_fused_kernel_the_torch_ops_and_the_cpu_give_one_mix64_digest():
+    """Sign flips, +-0, NaN payloads and a single-bit flip at each of the 64 bit positions, at
+    words inside and on the edges of the kernel's blocks: every variant has its own digest, and
+    the fused kernel, torch on the GPU and torch on the CPU agree on each."""
+    from tdiff.store.device_summary import fused_summary
+    from tdiff.store.fingerprint import mix64_fingerprint_tensor
+
+    def digests(t):
+        fused = int(fused_summary(t)[6:].view(torch.int64)[0])
+        return fused, int(mix64_fingerprint_tensor(t)), int(mix64_fingerprint_tensor(t.cpu()))
+
+    generator = torch.Generator("cuda").manual_seed(0)
+    seen = {}
+    for dtype, n in ((torch.float32, 8), (torch.bfloat16, 4096 * 3 + 4), (torch.float16, 1 << 12),
+                     (torch.float32, (1 << 23) + 2)):  # the last: more words than one torch round
+        base = torch.randn(n, device="cuda", generator=generator).to(dtype)
+        base[0] = 0.0
+        base[1] = float("nan")
+        words = base.view(torch.int64)
+        variants = {"original": base}
+        edges = {0, 1, 1023, 1024, 2047, 2048, words.numel() // 2, words.numel() - 1}  # blocks: 1024 or 2048 words
+        for word in sorted(edges & set(range(words.numel()))):
+            for bit in range(64):
+                changed = words.clone()
+                changed[word] ^= -(1 << 63) if bit == 63 else 1 << bit
+                variants[f"word {word} bit {bit}"] = changed.view(dtype)
+        bits = base.view(torch.int16 if dtype.itemsize == 2 else torch.int32)
+        sign = -(1 << (8 * dtype.itemsize - 1))
+        for name, index in (("signs 3 and 7", [3, 7]), ("+0 to -0", [0]), ("signs 1 and 3", [1, 3])):
+            changed = bits.clone()
+            changed[index] ^= sign
+            variants[name] = changed.view(dtype)
+        payload = bits.clone()
+        payload[1] ^= 1  # another NaN
+        variants["NaN payload"] = payload.view(dtype)
+        for name, t in variants.items():
+            if name.startswith("word") and n > 1 << 20 and not name.endswith((" bit 0", " bit 63")):
+                fused = int(fused_summary(t)[6:].view(torch.int64)[0])  # the CPU check only at the ends
+                triple = (fused, int(mix64_fingerprint_tensor(t)), fused)
+            else:
+                triple = digests(t)
+            assert triple[0] == triple[1] == triple[2], (dtype, n, name, triple)
+            assert triple[0] not in seen, (dtype, n, name, "collides with", seen.get(triple[0]))
+            seen[triple[0]] = (dtype, n, name)
 
 
 def test_an_in_place_change_after_the_hook_does_not_reach_the_copy(tmp_path):

@@ -178,23 +178,29 @@ def test_an_in_place_change_after_the_hook_does_not_reach_the_copy(tmp_path):
 
 def test_a_linear_output_added_to_in_place_is_recorded_as_the_linear_returned_it(tmp_path):
     class Residual(torch.nn.Module):
+        """A small input, a 16M-element output: its host copy is still running when add_ starts."""
+
         def __init__(self):
             super().__init__()
-            self.linear = torch.nn.Linear(4096, 4096, device="cuda")
+            self.linear = torch.nn.Linear(64, 4096, device="cuda")
+            self.register_buffer("residual", torch.randn(BIG // 4096, 4096, device="cuda"))
 
         def forward(self, x):
             out = self.linear(x)
-            return out.add_(x)
+            return out.add_(self.residual)
 
     torch.manual_seed(0)
-    block, x = Residual(), torch.randn(BIG // 4096, 4096, device="cuda")
+    block, x = Residual(), torch.randn(BIG // 4096, 64, device="cuda")
     with torch.no_grad():
         expected = block.linear(x).cpu()
         with tdiff.capture(tmp_path / "d"):
-            block(x)
+            for _ in range(3):
+                block(x)
     dump = open_dump(tmp_path / "d")
-    linear = next(r for r in dump.records if r.module == "linear" and r.role == "output")
-    assert torch.equal(dump.load(linear), expected)
+    outputs = [r for r in dump.records if r.module == "linear" and r.role == "output"]
+    assert len(outputs) == 3
+    for record in outputs:
+        assert torch.equal(dump.load(record), expected), record.step
 
 
 def megatron_on_this_gpu():

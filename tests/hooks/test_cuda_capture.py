@@ -115,8 +115,8 @@ def test_stats_mode_catches_two_negative_zeros(tmp_path):
 
 def test_the_fused_kernel_the_torch_ops_and_the_cpu_give_one_mix64_digest():
     """Sign flips, +-0, NaN payloads and a single-bit flip at each of the 64 bit positions, at
-    words inside and on the edges of the kernel's blocks: every variant has its own digest, and
-    the fused kernel, torch on the GPU and torch on the CPU agree on each."""
+    words inside and on the edges of the kernel's blocks: variants with different bytes have
+    different digests, and the fused kernel, torch on the GPU and torch on the CPU agree on each."""
     from tdiff.store.device_summary import fused_summary
     from tdiff.store.fingerprint import mix64_fingerprint_tensor
 
@@ -155,8 +155,10 @@ def test_the_fused_kernel_the_torch_ops_and_the_cpu_give_one_mix64_digest():
             else:
                 triple = digests(t)
             assert triple[0] == triple[1] == triple[2], (dtype, n, name, triple)
-            assert triple[0] not in seen, (dtype, n, name, "collides with", seen.get(triple[0]))
-            seen[triple[0]] = (dtype, n, name)
+            if triple[0] in seen:  # only a variant with the very same bytes may share a digest
+                other_name, other = seen[triple[0]]
+                assert torch.equal(other.view(torch.uint8), t.view(torch.uint8)), (dtype, n, name, other_name)
+            seen[triple[0]] = (name, t)
 
 
 def test_an_in_place_change_after_the_hook_does_not_reach_the_copy(tmp_path):

@@ -1,13 +1,14 @@
 """GPU capture overhead on a Qwen2-0.5B-shaped model (bf16, random weights), measured with CUDA
 events side by side in one run (issue 8, part 3).
 
-    python benchmarks/gpu/capture_overhead.py [--rounds 5] [--shapes 1x128,1x512,8x512]
+    python benchmarks/gpu/capture_overhead.py [--rounds 5] [--shapes 1x128,1x512,8x512] [--variants plain,tdiff full]
 
 Variants, interleaved round by round:
   plain            the forward alone
   hooks only       tdiff's module hook with nothing selected: the floor of any capture
   tdiff stats      fingerprints and statistics computed on the GPU (no copy of the tensor)
-  tdiff full       pinned copies on a side stream, written to disk by a background thread
+  tdiff full       snapshots on the device, copied to pinned memory on a side stream, written to
+                   disk by a background thread
   sync save        a forward hook doing .cpu() + torch.save for every input and output tensor
 
 "forward" is the forward pass as the GPU and the calling thread see it, until the device is
@@ -84,15 +85,15 @@ VARIANTS = {"plain": plain, "hooks only": tdiff_mode("stats", select=["(?!)"]),
             "tdiff stats": tdiff_mode("stats"), "tdiff full": tdiff_mode("full"), "sync save": sync_save}
 
 
-def measure(model, batch: int, tokens: int, rounds: int, work: Path) -> dict:
+def measure(model, batch: int, tokens: int, rounds: int, work: Path, variants: dict) -> dict:
     ids = torch.randint(0, model.config.vocab_size, (batch, tokens), device="cuda",
                         generator=torch.Generator("cuda").manual_seed(1))
     with torch.no_grad():
-        for run in VARIANTS.values():  # warm-up: kernels, allocators, Triton compilation
+        for run in variants.values():  # warm-up: kernels, allocators, Triton compilation
             run(model, ids, work)
-        results = {name: [] for name in VARIANTS}
+        results = {name: [] for name in variants}
         for _ in range(rounds):
-            for name, run in VARIANTS.items():
+            for name, run in variants.items():
                 results[name].append(run(model, ids, work))
     return {name: {key: median(r[key] for r in rows) for key in rows[0]}
             for name, rows in results.items()}
@@ -103,15 +104,22 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--shapes", default="1x128,1x512,8x512", help="batch x tokens, comma-separated")
     parser.add_argument("--work", type=Path, default=Path("/tmp/tdiff-gpu-bench"))
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"comma-separated, from: {', '.join(VARIANTS)} (plain always runs)")
     parser.add_argument("--profile", action="store_true", help="also print where capture spends its time")
     args = parser.parse_args(argv)
+    chosen = {"plain", *args.variants.split(",")}
+    unknown = chosen - VARIANTS.keys()
+    if unknown:
+        parser.error(f"unknown variants {sorted(unknown)}: use {', '.join(VARIANTS)}")
+    variants = {name: run for name, run in VARIANTS.items() if name in chosen}
     model = qwen2_0_5b()
     params = sum(p.numel() for p in model.parameters()) / 1e6
     print(f"GPU capture overhead: Qwen2-0.5B shape ({params:.0f}M parameters, bf16, random weights) on "
           f"{torch.cuda.get_device_name()}, torch {torch.__version__}; medians of {args.rounds} rounds")
     for shape in args.shapes.split(","):
         batch, tokens = (int(x) for x in shape.split("x"))
-        summary = measure(model, batch, tokens, args.rounds, args.work)
+        summary = measure(model, batch, tokens, args.rounds, args.work, variants)
         base = summary["plain"]["forward"]
         print(f"\nbatch {batch} x {tokens} tokens")
         print(f"  {'variant':<12} {'forward ms':>11} {'x plain':>8} {'to disk ms':>11} {'x plain':>8}  target")

@@ -4,6 +4,7 @@
 # 1. batch invariance: one sequence alone vs inside a batch of 8 -> compare, bisect, patch try, report
 # 2. megatron-core vs transformers with the same weights (bf16) -> compare, bisect
 # 3. capture overhead of stats and full mode against .cpu() + torch.save per tensor
+# 4. megatron-core TP=2 vs TP=1 and EP=2 vs EP=1, both ranks on this one GPU (fp32 compare, bf16 bisect)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${1:-gpu-out}"
@@ -43,3 +44,6 @@ tdiff bisect "$out/mvh/hf" "$out/mvh/megatron"
 
 echo "== 3. capture overhead"
 python3 benchmarks/gpu/capture_overhead.py --rounds 2 --shapes 1x128,8x512 2>&1 | grep -v -i warn
+
+echo "== 4. tensor and expert parallelism, both ranks on one GPU"
+python3 examples/gpu/parallel.py --out "$out/parallel" 2>&1 | grep -v -i warn

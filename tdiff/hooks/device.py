@@ -1,22 +1,25 @@
 """What a hook does with a tensor where it lives: copy it out (full mode) or summarise it in
 place (stats mode), without stalling the GPU.
 
-- Full mode: a GPU tensor is copied into pinned host memory on a side stream, overlapping the
-  forward pass; the writer waits for the copy's event.
-- Stats mode: a GPU tensor is summarised by one fused kernel (statistics and wsum64 digest, see
+- Full mode: a GPU tensor is snapshotted on its own stream (a device-side copy into bounded
+  staging memory), then copied into pinned host memory on a side stream, overlapping the forward
+  pass; the writer waits for the copy's event.
+- Stats mode: a GPU tensor is summarised by one fused kernel (statistics and mix64 digest, see
   tdiff.store.device_summary) into a slot of a device-side table; slots go to the host in batches,
   one copy and one event per batch instead of per tensor.
 """
 
 from __future__ import annotations
 
+import collections
+import os
 import threading
 
 import torch
 
-from tdiff.store.dtypes import to_bytes_view
-from tdiff.store.fingerprint import host_stats, stats_dict, tensor_stats, wsum64_fingerprint_tensor, \
-    wsum64_format, xxh3_fingerprint
+from tdiff.store.dtypes import dtype_name, to_bytes_view
+from tdiff.store.fingerprint import digest_format, host_stats, mix64_fingerprint_tensor, stats_dict, \
+    tensor_stats, xxh3_fingerprint
 
 _BATCH = 512  # summaries copied to the host together
 
@@ -37,7 +40,8 @@ class _DeviceSummary(Summary):
 
     def resolve(self, record) -> tuple[dict, str]:
         stats, digests = self._batch.wait()
-        return stats_dict(stats[self._index]), wsum64_format(digests[self._index], record.dtype, record.shape)
+        fingerprint = digest_format("mix64", digests[self._index], record.dtype, record.shape)
+        return stats_dict(stats[self._index]), fingerprint
 
 
 class _Batch:
@@ -118,7 +122,7 @@ class Summarizer:
 
 def _resolved(packed: torch.Tensor, tensor: torch.Tensor) -> Summary:
     digest = int(packed[6:].view(torch.int64)[0])
-    return Summary(packed[:6], wsum64_format(digest, str(tensor.dtype).removeprefix("torch."), tensor.shape))
+    return Summary(packed[:6], digest_format("mix64", digest, dtype_name(tensor.dtype), tensor.shape))
 
 
 def _fused(tensor: torch.Tensor) -> bool:
@@ -130,31 +134,92 @@ def _fused(tensor: torch.Tensor) -> bool:
 
 
 def _packed_summary(tensor: torch.Tensor) -> torch.Tensor:
-    """[6 statistics, the wsum64 digest's bits] as float64 on the tensor's device (torch ops)."""
-    return torch.cat([tensor_stats(tensor), wsum64_fingerprint_tensor(tensor).view(1).view(torch.float64)])
+    """[6 statistics, the mix64 digest's bits] as float64 on the tensor's device (torch ops)."""
+    return torch.cat([tensor_stats(tensor), mix64_fingerprint_tensor(tensor).view(1).view(torch.float64)])
 
 
-_copy_streams: dict = {}
+STAGING_ENV = "TDIFF_MAX_DEVICE_STAGING"
+DEFAULT_MAX_DEVICE_STAGING = 512 << 20
+
+
+class _Staging:
+    """One device's snapshots on their way to the host, and the bytes they hold there."""
+
+    def __init__(self, device: torch.device):
+        self.stream = torch.cuda.Stream(device)
+        self.in_flight: collections.deque = collections.deque()  # (event, nbytes), oldest first
+        self.held = 0
+        self.lock = threading.Lock()  # several threads may record on one device
+
+    def make_room(self, nbytes: int, limit: int) -> None:
+        """Forget finished copies; wait for the oldest ones while ``nbytes`` more would pass ``limit``."""
+        while self.in_flight and (self.held + nbytes > limit or self.in_flight[0][0].query()):
+            done, size = self.in_flight.popleft()
+            done.synchronize()
+            self.held -= size
+
+
+_staging: dict[torch.device, _Staging] = {}
+_limit_cache: tuple[str | None, int] = (None, DEFAULT_MAX_DEVICE_STAGING)
+
+
+def max_device_staging() -> int:
+    """Device memory full-mode snapshots may hold (bytes): $TDIFF_MAX_DEVICE_STAGING ("256MiB",
+    "0"...), 512 MiB by default."""
+    global _limit_cache
+    text = os.environ.get(STAGING_ENV)
+    if text != _limit_cache[0]:
+        from tdiff.cli.options import parse_size
+
+        _limit_cache = (text, DEFAULT_MAX_DEVICE_STAGING if text is None else parse_size(text, STAGING_ENV))
+    return _limit_cache[1]
 
 
 def host_copy(tensor: torch.Tensor) -> tuple[torch.Tensor, object | None]:
-    """A host copy of the tensor's bytes, and the CUDA event that completes it (None: complete).
+    """A host copy of the tensor's bytes as they are now, and the CUDA event that completes it
+    (None: complete).
 
-    The copy goes through the raw bytes, so dtypes without copy kernels (bits, int1...) work too.
+    A CUDA tensor is snapshotted on its own stream, before anything queued after this call can
+    write it (``out.add_(residual)`` right after the module returns): a device-side copy into
+    staging memory, then an asynchronous copy to pinned host memory on a side stream, which
+    overlaps the forward. Staging is bounded (:func:`max_device_staging`): at the bound this waits
+    for earlier host copies to finish; a tensor larger than the bound is copied to the host
+    directly on its own stream, which then waits for that copy. The copy goes through the raw
+    bytes, so dtypes without copy kernels (bits, int1...) work too.
     """
+    if tensor.device.type == "cuda" and tensor.numel():
+        return _snapshot_to_host(tensor)
     raw = to_bytes_view(tensor)  # a fresh contiguous copy already when the tensor was strided
-    if tensor.device.type == "cuda":
-        host = torch.empty(raw.shape, dtype=torch.uint8, pin_memory=True)
-        stream = _copy_streams.get(tensor.device)
-        if stream is None:
-            stream = _copy_streams[tensor.device] = torch.cuda.Stream(tensor.device)
-        stream.wait_stream(torch.cuda.current_stream(tensor.device))
-        with torch.cuda.stream(stream):
-            host.copy_(raw, non_blocking=True)
-            ready = torch.cuda.Event()
-            ready.record(stream)
-        raw.record_stream(stream)  # the allocator must not hand raw's memory out before the copy ends
-        return host, ready
     if tensor.device.type != "cpu":
         return raw.cpu(), None
     return (raw.clone() if tensor.is_contiguous() else raw), None
+
+
+def _snapshot_to_host(tensor: torch.Tensor) -> tuple[torch.Tensor, object]:
+    nbytes = tensor.numel() * tensor.element_size()
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    current = torch.cuda.current_stream(tensor.device)
+    limit = max_device_staging()
+    ready = torch.cuda.Event()
+    if nbytes > limit:
+        host.copy_(to_bytes_view(tensor), non_blocking=True)
+        ready.record(current)
+        return host, ready
+    staging = _staging.get(tensor.device)
+    if staging is None:
+        staging = _staging.setdefault(tensor.device, _Staging(tensor.device))
+    with staging.lock:
+        staging.make_room(nbytes, limit)
+        snapshot = to_bytes_view(tensor)  # strided: already a fresh copy, made on the current stream
+        if tensor.is_contiguous():
+            snapshot = snapshot.clone()  # queued on the current stream: ordered before later writes
+        staging.stream.wait_stream(current)
+        with torch.cuda.stream(staging.stream):
+            host.copy_(snapshot, non_blocking=True)
+            ready.record(staging.stream)
+        # the allocator must not hand the snapshot's memory out before the host copy ends
+        snapshot.record_stream(staging.stream)
+        staging.in_flight.append((ready, nbytes))
+        staging.held += nbytes
+    return host, ready
+

@@ -1,13 +1,20 @@
 """Bitwise fingerprints and summary statistics of a tensor, computed where the tensor lives.
 
-Two fingerprint algorithms, named in the fingerprint string so they are never confused:
+Fingerprint algorithms, named in the fingerprint string so they are never confused:
 
 - ``xxh3:<hex>``: XXH3-128 of the raw bytes, for tensors on the host (about 10 GB/s).
-- ``wsum64:<hex>``: a position-weighted wrapping int64 sum over 8-byte words, computed with torch
-  on any device (a GPU tensor is fingerprinted without copying it to the host). Every weight is
-  odd, so any change confined to one word always changes the sum.
+- ``mix64:<hex>``: computed where the tensor lives (a GPU tensor is fingerprinted without copying
+  it to the host, by torch ops or the fused kernel of tdiff.store.device_summary): each 8-byte
+  word is xor-ed with a key drawn from its index (the index-th splitmix64 output), passed through
+  the splitmix64 finaliser (a non-linear bijection of 64-bit words), and the results are summed
+  modulo 2**64. Any change, however many words it touches, moves the sum by a sum of
+  pseudo-random 64-bit differences: it goes unseen with probability about 2**-64.
+- ``wsum64:<hex>``: the older GPU digest, kept so that dumps written with it still compare: a
+  position-weighted (odd weights) wrapping int64 sum of the words. Changes in several words can
+  cancel (two bf16 sign flips at element 3 of two words each add 2**63), so capture no longer
+  writes it.
 
-Both also cover dtype and shape. Fingerprints of different algorithms are not comparable;
+All also cover dtype and shape. Fingerprints of different algorithms are not comparable;
 :func:`fingerprint_as` recomputes one algorithm from stored data when the two sides differ.
 
 Examples:
@@ -30,6 +37,12 @@ from tdiff.store.dtypes import dtype_name, to_bytes_view
 STAT_NAMES = ("min", "max", "mean", "abs_mean", "nan", "inf")
 WEIGHT_MULTIPLIER = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
 WEIGHT_OFFSET = 0x632BE59BD9B4E019
+# splitmix64 (Steele, Lea, Flood 2014): its increment and the multipliers of its finaliser, as
+# signed int64 (torch and Triton compute in int64, which wraps like uint64)
+MIX_INCREMENT = WEIGHT_MULTIPLIER
+MIX_MULTIPLIER_1 = 0xBF58476D1CE4E5B9 - (1 << 64)
+MIX_MULTIPLIER_2 = 0x94D049BB133111EB - (1 << 64)
+_MIX_CHUNK = 1 << 22  # words per round of torch ops: bounds their temporaries
 
 
 def _shape_tag(dtype: str, shape) -> bytes:
@@ -45,26 +58,62 @@ def xxh3_fingerprint(tensor: torch.Tensor) -> str:
     return "xxh3:" + hasher.hexdigest()
 
 
-def wsum64_fingerprint_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """The wsum64 digest as a 0-d int64 tensor on the tensor's device (no host sync)."""
+def _words(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes as int64 words, the last one zero-padded."""
     raw = to_bytes_view(tensor)
     padding = (-raw.numel()) % 8
     if padding:
         raw = torch.cat([raw, raw.new_zeros(padding)])
-    words = raw.view(torch.int64)
+    elif raw.storage_offset() % 8:
+        raw = raw.clone()  # a slice that does not start on a word boundary of its storage
+    return raw.view(torch.int64)
+
+
+def _xorshift_right(z: torch.Tensor, shift: int) -> torch.Tensor:
+    """``z ^= z >>> shift`` in place (logical shift: int64's ``>>`` is arithmetic, masked here)."""
+    return z.bitwise_xor_((z >> shift).bitwise_and_((1 << (64 - shift)) - 1))
+
+
+def _splitmix64_finalize(z: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser, in place on int64 words."""
+    _xorshift_right(z, 30).mul_(MIX_MULTIPLIER_1)
+    _xorshift_right(z, 27).mul_(MIX_MULTIPLIER_2)
+    return _xorshift_right(z, 31)
+
+
+def mix64_fingerprint_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The mix64 digest as a 0-d int64 tensor on the tensor's device (no host sync): the sum
+    over words ``w[i]`` of ``finalize(w[i] ^ finalize((i + 1) * MIX_INCREMENT))``, modulo 2**64."""
+    words = _words(tensor)
+    total = torch.zeros((), dtype=torch.int64, device=words.device)
+    for start in range(0, words.numel(), _MIX_CHUNK):
+        chunk = words[start:start + _MIX_CHUNK]
+        keys = torch.arange(start + 1, start + 1 + chunk.numel(), dtype=torch.int64, device=words.device)
+        mixed = _splitmix64_finalize(_splitmix64_finalize(keys.mul_(MIX_INCREMENT)).bitwise_xor_(chunk))
+        total += mixed.sum()
+    return total
+
+
+def mix64_fingerprint(tensor: torch.Tensor) -> str:
+    return digest_format("mix64", int(mix64_fingerprint_tensor(tensor)), dtype_name(tensor.dtype), tensor.shape)
+
+
+def wsum64_fingerprint_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The wsum64 digest as a 0-d int64 tensor on the tensor's device (no host sync)."""
+    words = _words(tensor)
     weights = torch.arange(words.numel(), device=words.device, dtype=torch.int64)
     weights.mul_(WEIGHT_MULTIPLIER).add_(WEIGHT_OFFSET).bitwise_or_(1)
     return (words * weights).sum() + words.numel()
 
 
-def wsum64_format(digest: int, dtype: str, shape) -> str:
-    """The wsum64 fingerprint string of a digest computed by :func:`wsum64_fingerprint_tensor`."""
+def digest_format(algorithm: str, digest: int, dtype: str, shape) -> str:
+    """The fingerprint string of a 64-bit digest (mix64, wsum64) of a tensor of this dtype and shape."""
     tag = xxhash.xxh3_64_intdigest(_shape_tag(dtype, shape))
-    return f"wsum64:{(digest & 0xFFFFFFFFFFFFFFFF):016x}{tag:016x}"
+    return f"{algorithm}:{(digest & 0xFFFFFFFFFFFFFFFF):016x}{tag:016x}"
 
 
 def wsum64_fingerprint(tensor: torch.Tensor) -> str:
-    return wsum64_format(int(wsum64_fingerprint_tensor(tensor)), dtype_name(tensor.dtype), tensor.shape)
+    return digest_format("wsum64", int(wsum64_fingerprint_tensor(tensor)), dtype_name(tensor.dtype), tensor.shape)
 
 
 def fingerprint_algorithm(value: str | None) -> str | None:
@@ -75,6 +124,8 @@ def fingerprint_as(tensor: torch.Tensor, algorithm: str) -> str:
     """Recompute a stored tensor's fingerprint with a given algorithm."""
     if algorithm == "xxh3":
         return xxh3_fingerprint(tensor.cpu())
+    if algorithm == "mix64":
+        return mix64_fingerprint(tensor)
     if algorithm == "wsum64":
         return wsum64_fingerprint(tensor)
     raise ValueError(f"unknown fingerprint algorithm {algorithm!r}")

@@ -66,18 +66,22 @@ def grouped_qkv(q, k, v, *, heads: int, groups: int, head_dim: int) -> torch.Ten
 
 _COLUMN = re.compile(r"(linear_qkv|linear_fc1|word_embeddings|output_layer)\.(weight|bias)$")
 _ROW = re.compile(r"(linear_proj|linear_fc2)\.weight$")
+_EXPERT = re.compile(r"(.*\.mlp\.experts\.local_experts\.)(\d+)(\..*)")
 
 
-def tensor_parallel_shard(state: dict, rank: int, size: int) -> dict:
+def tensor_parallel_shard(state: dict, rank: int, size: int, *, experts: bool = True) -> dict:
     """The part of a full Megatron state dict that tensor-parallel rank ``rank`` of ``size`` holds.
 
     Column-parallel weights split their output rows (gate and up separately for the fused GLU
     ``linear_fc1``; QKV rows are grouped per query group, so a contiguous split keeps whole
     groups); row-parallel weights split their input columns; everything else is replicated.
+    ``experts=False``: the routed experts stay whole (expert tensor parallelism 1).
     """
     out = {}
     for key, value in state.items():
-        if _COLUMN.search(key):
+        if not experts and _EXPERT.fullmatch(key):
+            out[key] = value
+        elif _COLUMN.search(key):
             if "linear_fc1" in key:
                 gate, up = value.chunk(2)
                 value = torch.cat([gate.chunk(size)[rank], up.chunk(size)[rank]])
@@ -86,6 +90,21 @@ def tensor_parallel_shard(state: dict, rank: int, size: int) -> dict:
         elif _ROW.search(key):
             value = value.chunk(size, dim=1)[rank]
         out[key] = value.clone()
+    return out
+
+
+def expert_parallel_shard(state: dict, rank: int, size: int, *, experts: int) -> dict:
+    """The part of a Megatron state dict that expert-parallel rank ``rank`` of ``size`` holds:
+    experts ``rank * experts / size`` onwards, renumbered from 0 (Megatron names local experts by
+    their local index); everything else is replicated."""
+    local = experts // size
+    out = {}
+    for key, value in state.items():
+        match = _EXPERT.fullmatch(key)
+        if match is None:
+            out[key] = value
+        elif rank * local <= int(match.group(2)) < (rank + 1) * local:
+            out[f"{match.group(1)}{int(match.group(2)) - rank * local}{match.group(3)}"] = value
     return out
 
 

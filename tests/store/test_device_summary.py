@@ -17,7 +17,7 @@ pytest.importorskip("triton", reason="the fused GPU summary is written in Triton
 CHECK = textwrap.dedent("""
     import torch
     from tdiff.store.device_summary import fused_summary, fused_summary_supported
-    from tdiff.store.fingerprint import tensor_stats, wsum64_fingerprint_tensor
+    from tdiff.store.fingerprint import mix64_fingerprint_tensor, tensor_stats
 
     torch.manual_seed(0)
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
@@ -28,7 +28,7 @@ CHECK = textwrap.dedent("""
             assert fused_summary_supported(t), (dtype, n)
             out = fused_summary(t)
             digest = int(out[6:].view(torch.int64)[0])
-            assert digest == int(wsum64_fingerprint_tensor(t)), (dtype, n)
+            assert digest == int(mix64_fingerprint_tensor(t)), (dtype, n)
             assert torch.allclose(out[:6], tensor_stats(t), rtol=1e-5, equal_nan=True), (dtype, n, out)
     assert not fused_summary_supported(torch.zeros(3, dtype=torch.bfloat16))  # 6 bytes: no whole word
     assert not fused_summary_supported(torch.zeros(4, 4)[:, 1])              # strided

@@ -271,6 +271,8 @@ def _shard_spec(module, path: str, role: str, sub: str) -> list[dict] | None:
         # routed tokens are split over expert-parallel ranks; expert-TP ranks hold partial outputs
         partial = [{"axis": "etp", "reduce": "sum"}] if role == "output" else []
         return [{"axis": "ep", "dim": 0}] + partial
+    if sequence and cls == "TopKRouter" and role == "output":
+        return sequence   # probabilities and routing map: one row per token of the rank's part
     if sequence and sub in _HIDDEN_SUBS and (cls in _SEQUENCE_SHARDED or "Norm" in cls):
         return sequence
     return None

@@ -1,0 +1,62 @@
+"""Throughput of stats mode's per-tensor summary on the GPU: the fused Triton kernel (statistics
+and the fingerprint in one pass) and the torch-ops fallback, against a plain read of the tensor
+(``torch.sum``) as the memory-bandwidth reference.
+
+    python benchmarks/gpu/summary_kernel.py [--sizes 1M,16M,256M] [--dtype bfloat16]
+
+Times are CUDA-event medians of 20 launches after a warm-up; GB/s counts the tensor's bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+from tdiff.store.device_summary import fused_summary
+
+try:  # the torch-ops fingerprint of this version of tdiff (mix64; wsum64 before it)
+    from tdiff.store.fingerprint import mix64_fingerprint_tensor as torch_fingerprint
+except ImportError:
+    from tdiff.store.fingerprint import wsum64_fingerprint_tensor as torch_fingerprint
+
+
+def cuda_median(fn, repeats: int = 20) -> float:
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def elements(text: str) -> int:
+    return int(text[:-1]) << {"K": 10, "M": 20, "G": 30}[text[-1]] if text[-1] in "KMG" else int(text)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1M,16M,256M", help="elements, comma-separated (K, M, G suffixes)")
+    parser.add_argument("--dtype", default="bfloat16")
+    args = parser.parse_args(argv)
+    dtype = getattr(torch, args.dtype)
+    print(f"stats-mode summary on {torch.cuda.get_device_name()}, {args.dtype}, torch {torch.__version__}")
+    print(f"  {'elements':>10} {'MiB':>8} {'read (sum)':>16} {'fused kernel':>18} {'torch fingerprint':>20}")
+    for size in args.sizes.split(","):
+        t = torch.randn(elements(size), device="cuda").to(dtype)
+        nbytes = t.numel() * t.element_size()
+        cells = []
+        for fn in (lambda: t.sum(), lambda: fused_summary(t), lambda: torch_fingerprint(t)):
+            seconds = cuda_median(fn)
+            cells.append(f"{seconds * 1e3:8.3f} ms {nbytes / seconds / 1e9:5.0f} GB/s")
+        print(f"  {t.numel():>10,} {nbytes / 2**20:8.1f} {cells[0]:>16} {cells[1]:>18} {cells[2]:>20}")
+
+
+if __name__ == "__main__":
+    main()

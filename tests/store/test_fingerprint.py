@@ -1,0 +1,133 @@
+"""The mix64 fingerprint (torch ops, any device): a pure-Python reference, the changes wsum64
+misses, single-bit flips at every bit position, and dumps that carry either algorithm.
+
+The same digests from the fused Triton kernel: tests/store/test_device_summary.py (interpreter)
+and tests/hooks/test_cuda_capture.py (on a GPU)."""
+
+import json
+import math
+import struct
+
+import pytest
+import torch
+
+import tdiff
+from tdiff.compare import compare_dumps
+from tdiff.store import fingerprint, open_dump
+from tdiff.store.fingerprint import fingerprint_as, mix64_fingerprint, mix64_fingerprint_tensor, \
+    wsum64_fingerprint
+from tests.helpers import tiny_qwen2, token_ids
+
+MASK = (1 << 64) - 1
+
+
+def splitmix64_finalize(z: int) -> int:
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+    return z ^ (z >> 31)
+
+
+def reference_mix64(tensor: torch.Tensor) -> int:
+    """The digest from its definition, with Python integers (unsigned, modulo 2**64)."""
+    raw = tensor.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+    raw += bytes(-len(raw) % 8)
+    total = 0
+    for index, (word,) in enumerate(struct.iter_unpack("<Q", raw)):
+        key = splitmix64_finalize(((index + 1) * 0x9E3779B97F4A7C15) & MASK)
+        total += splitmix64_finalize(word ^ key)
+    return total & MASK
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int8, torch.float64])
+@pytest.mark.parametrize("n", [1, 3, 8, 37])
+def test_mix64_is_the_documented_function(dtype, n):
+    t = (torch.randn(n, generator=torch.Generator().manual_seed(n)) * 50).to(dtype)
+    assert int(mix64_fingerprint_tensor(t)) & MASK == reference_mix64(t)
+
+
+def test_chunked_rounds_give_the_digest_of_one_round(monkeypatch):
+    t = torch.randn(1001)
+    whole = int(mix64_fingerprint_tensor(t))
+    monkeypatch.setattr(fingerprint, "_MIX_CHUNK", 7)
+    assert int(mix64_fingerprint_tensor(t)) == whole
+
+
+def test_a_slice_off_a_word_boundary_is_fingerprinted_as_its_own_bytes():
+    base = torch.randn(40).to(torch.bfloat16)
+    piece = base[1:33]  # starts 2 bytes into the storage: its words cannot be a view
+    assert mix64_fingerprint(piece) == mix64_fingerprint(piece.clone())
+
+
+def test_changes_that_cancel_in_wsum64_change_mix64():
+    bf16 = torch.randn(16).to(torch.bfloat16)
+    flipped = bf16.clone()
+    flipped[3], flipped[7] = -flipped[3], -flipped[7]  # sign bits 63 of words 0 and 1: 2**63 twice
+    zeros = torch.zeros(8)
+    negative = zeros.clone()
+    negative[1], negative[3] = -0.0, -0.0              # fp32 sign bits at bit 63 of two words
+    for a, b in ((bf16, flipped), (zeros, negative)):
+        assert wsum64_fingerprint(a) == wsum64_fingerprint(b), "the weakness this algorithm replaces"
+        assert mix64_fingerprint(a) != mix64_fingerprint(b)
+
+
+def test_every_single_bit_flip_and_every_pair_of_sign_flips_changes_mix64():
+    t = torch.tensor([1.0, -0.0, 0.0, math.inf, -math.inf, math.nan, 3.5e-42, -2.0] * 2)
+    words = t.view(torch.int64)
+    digests = {int(mix64_fingerprint_tensor(t))}
+    variants = 0
+    for index in range(words.numel()):
+        for bit in range(64):
+            changed = words.clone()
+            changed[index] ^= -(1 << 63) if bit == 63 else 1 << bit
+            digests.add(int(mix64_fingerprint_tensor(changed.view(torch.float32))))
+            variants += 1
+    for i in range(t.numel()):
+        for j in range(i + 1, t.numel()):
+            changed = t.clone()
+            changed.view(torch.int32)[[i, j]] ^= -(1 << 31)
+            digests.add(int(mix64_fingerprint_tensor(changed)))
+            variants += 1
+    assert len(digests) == variants + 1, "no two variants (nor the original) share a digest"
+
+
+def test_nan_payloads_and_swapped_elements_change_mix64():
+    t = torch.tensor([math.nan, 1.0, 2.0, 3.0])
+    quiet_nan = t.clone()
+    quiet_nan.view(torch.int32)[0] |= 1  # another NaN: same value for every statistic, other bits
+    swapped = t[[0, 2, 1, 3]]
+    assert len({mix64_fingerprint(t), mix64_fingerprint(quiet_nan), mix64_fingerprint(swapped)}) == 3
+
+
+def test_the_fingerprint_covers_dtype_and_shape():
+    t = torch.zeros(8)
+    assert len({mix64_fingerprint(t), mix64_fingerprint(t.view(2, 4)), mix64_fingerprint(t.view(torch.int32))}) == 3
+
+
+@pytest.mark.parametrize("algorithm", ["mix64", "wsum64"])
+def test_stats_dumps_with_device_digests_compare_against_full_dumps(tmp_path, algorithm):
+    """A stats-mode dump whose records carry mix64 (or, written by an older tdiff, wsum64)
+    compares against a full-mode dump by recomputing that digest from the stored tensors."""
+    model, ids = tiny_qwen2(torch.bfloat16), token_ids(16)
+    with torch.no_grad():
+        with tdiff.capture(tmp_path / "full"):
+            model(ids)
+        with tdiff.capture(tmp_path / "stats", mode="stats"):
+            model(ids)
+    full = open_dump(tmp_path / "full")
+    tensors = {(r.name, r.role, r.call): full.load(r) for r in full.records}
+    manifest = next((tmp_path / "stats" / "manifests").glob("*.jsonl"))
+    lines = [json.loads(line) for line in manifest.read_text().splitlines()]
+    for line in lines:
+        if line["type"] == "record":
+            line["fingerprint"] = fingerprint_as(tensors[(line["name"], line["role"], line["call"])], algorithm)
+    last = next(line for line in reversed(lines) if line["type"] == "record")
+    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = compare_dumps(open_dump(tmp_path / "stats"), full)
+    assert result.status == "match", result.first_divergence
+
+    wrong = tensors[(last["name"], last["role"], last["call"])].clone()
+    wrong.view(-1)[0] = -wrong.view(-1)[0] if wrong.view(-1)[0] != 0 else 1
+    last["fingerprint"] = fingerprint_as(wrong, algorithm)
+    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = compare_dumps(open_dump(tmp_path / "stats"), full)
+    assert result.status != "match" and result.first_divergence.name == last["name"]

@@ -51,7 +51,7 @@ def capture(out, side, select, exclude, layers, steps, mode, storage, max_pendin
     tdiff capture --out dumps/rep --repeat 5 -- python run.py
 
     Each process (rank) writes its own manifest and shards into --out. Exit status: the
-    command's own when it fails, 2 when nothing was captured, else 0.
+    command's own when it fails, 2 when nothing was captured, 3 when tdiff itself failed, else 0.
     """
     compile_patterns(select, "--select")
     compile_patterns(exclude, "--exclude")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from tdiff.store.dtypes import from_bytes_view, to_bytes_view
+from tdiff.store.dtypes import from_bytes_view, stored_nbytes, to_bytes_view
 from tdiff.store.fingerprint import fingerprint_algorithm, xxh3_fingerprint
 from tdiff.store.manifest import DATA_DIR, DUMP_FILE, MANIFEST_DIR, Part, check_format, describe_exit, read_part
 from tdiff.store.record import Record
@@ -46,7 +46,8 @@ class Dump:
             raise DumpError(f"{self.path}: {record.name} was captured in stats mode and has no data; "
                             "capture it with --mode full")
         shard = self._shard(record.file)
-        tensor = from_bytes_view(to_bytes_view(shard.get(record.key)), record.dtype, record.shape)
+        stored = shard.get(record.key, nbytes=stored_nbytes(record.dtype, record.shape))
+        tensor = from_bytes_view(to_bytes_view(stored), record.dtype, record.shape)
         # a bit flipped on disk must never pass as a match: check the bytes against the record
         if fingerprint_algorithm(record.fingerprint) == "xxh3" and xxh3_fingerprint(tensor) != record.fingerprint:
             raise DumpError(f"{self.path / DATA_DIR / record.file}: tensor {record.key} ({record.name}) "

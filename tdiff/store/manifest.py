@@ -22,6 +22,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tdiff.store.files import bounded_lines
 from tdiff.store.record import Record
 from tdiff.errors import DumpError
 
@@ -133,30 +134,27 @@ class Part:
         return min((r.rank for r in self.records), default=0)
 
 
+_EMPTY = "manifest is empty (the process died before writing its header)"
+
+
 def read_part(path: Path) -> Part:
     where = f"{path}"
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError:
-        raise DumpError(f"{where}: manifest is not UTF-8 text (corrupted)") from None
-    except OSError as exc:
-        raise DumpError(f"{where}: cannot read manifest ({exc.strerror})") from None
-    lines = text.split("\n")
-    truncated = lines[-1] != ""
-    lines = lines[:-1] if not truncated else lines
-    if not lines or not lines[0].strip():
-        raise DumpError(f"{where}: manifest is empty (the process died before writing its header)")
     part = Part(name=path.stem, header={})
     end = None
-    for number, line in enumerate(lines, 1):
-        last = number == len(lines)
+    number = 0
+    for number, raw in bounded_lines(path, "manifest"):
+        truncated = not raw.endswith(b"\n")  # only the last line can lack its newline
         try:
+            line = raw.decode("utf-8")
             entry = json.loads(line)
-        except json.JSONDecodeError:
-            if last and truncated:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            if number == 1 and not raw.strip():
+                raise DumpError(f"{where}: {_EMPTY}") from None
+            if truncated:
                 part.problem = f"manifest {path.name} ends mid-record: its process died while writing"
                 break
-            raise DumpError(f"{where} line {number}: not valid JSON (corrupted manifest)") from None
+            what = "UTF-8 text" if isinstance(exc, UnicodeDecodeError) else "valid JSON"
+            raise DumpError(f"{where} line {number}: not {what} (corrupted manifest)") from None
         if not isinstance(entry, dict):
             raise DumpError(f"{where} line {number}: not a JSON object (corrupted manifest)")
         kind = entry.pop("type", None)
@@ -172,6 +170,8 @@ def read_part(path: Path) -> Part:
             end = entry
         else:
             raise DumpError(f"{where} line {number}: unknown entry type {kind!r}")
+    if number == 0:
+        raise DumpError(f"{where}: {_EMPTY}")
     if part.problem is None:
         part.problem = _end_problem(path, end, len(part.records))
     part.records = [_with_part(r, part.name) for r in part.records]

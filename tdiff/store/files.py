@@ -26,7 +26,7 @@ def check_regular(path: Path, what: str) -> None:
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
-        raise DumpError(f"{path}: {what} is missing") from None
+        raise DumpError(f"{path}: no such {what}") from None
     except OSError as exc:
         raise DumpError(f"{path}: cannot read {what} ({exc.strerror})") from None
     if not stat.S_ISREG(mode):
@@ -39,7 +39,7 @@ def open_regular(path: Path, what: str) -> BinaryIO:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
-        raise DumpError(f"{path}: {what} is missing") from None
+        raise DumpError(f"{path}: no such {what}") from None
     except OSError as exc:
         raise DumpError(f"{path}: cannot read {what} ({exc.strerror})") from None
     mode = os.fstat(fd).st_mode

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -89,7 +90,14 @@ def _prepare_out(out: Path, force: bool) -> None:
         raise TdiffError(f"{out} exists and is not a dump; choose another --out")
     if not force:
         raise TdiffError(f"{out} already holds a dump; pass --force to replace it")
-    shutil.rmtree(out)
+    if out.is_symlink():
+        raise TdiffError(f"{out} is a symbolic link; --force replaces only a dump directory itself: "
+                         f"pass the directory it points to ({os.path.realpath(out)}) or another --out")
+    try:
+        shutil.rmtree(out)
+    except OSError as exc:
+        raise TdiffError(f"cannot remove the dump in {out} ({exc.strerror or exc}); "
+                         "remove it yourself or choose another --out") from None
 
 
 def _summarize(out: Path, returncode: int, quiet: bool) -> None:

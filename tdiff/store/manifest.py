@@ -44,17 +44,17 @@ def atomic_write_json(path: Path, data: dict, *, replace: bool = True) -> bool:
     Returns whether this call's content is now at ``path``.
     """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}.tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    if replace:
-        os.replace(tmp, path)
-        return True
     try:
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        if replace:
+            os.replace(tmp, path)
+            return True
         os.link(tmp, path)  # atomic, and fails when another process created it first
         return True
     except FileExistsError:
         return False
     finally:
-        tmp.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)  # also when writing failed half-way (a full disk)
 
 
 def check_format(data: object, where: str) -> dict:
@@ -88,9 +88,13 @@ def describe_exit(returncode: int) -> str:
 
 def update_dump_info(root: Path, **info) -> None:
     path = root / DUMP_FILE
-    data = json.loads(path.read_text())
-    data.update(info)
-    atomic_write_json(path, data)
+    try:
+        data = json.loads(path.read_text())
+        data.update(info)
+        atomic_write_json(path, data)
+    except OSError as exc:
+        raise DumpError(f"{path}: cannot record {', '.join(info)} ({exc.strerror or exc}); "
+                        "the dump's header is unchanged") from None
 
 
 class ManifestJournal:

@@ -97,11 +97,13 @@ class DumpWriter:
         """Ask the writer to write out what it holds (at the end of a step, say)."""
         self._queue.put(_FLUSH)
 
-    def close(self) -> None:
+    def close(self, error: str | None = None) -> None:
+        """Write what is pending and end the manifest; ``error`` (why the captured program failed)
+        or a write failure ends it as failed, which marks the dump incomplete."""
         self._queue.put(_STOP)
         self._thread.join()
         try:
-            self._journal.end(self.records_written, self.error)
+            self._journal.end(self.records_written, self.error or error)
         except OSError as exc:
             self._report(f"cannot finish the manifest ({exc.strerror}); the dump stays incomplete")
 

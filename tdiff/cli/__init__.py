@@ -12,6 +12,7 @@ import click
 
 import tdiff
 from tdiff.errors import TdiffError
+from tdiff.text import printable
 
 COMMANDS = {
     "capture": "tdiff.cli.capture:capture",
@@ -54,7 +55,7 @@ class LazyGroup(click.Group):
         try:
             return super().invoke(ctx)
         except TdiffError as exc:
-            click.echo(f"tdiff: error: {exc}", err=True)
+            click.echo(f"tdiff: error: {printable(exc)}", err=True)  # names in it come from files
             ctx.exit(2)
         except KeyboardInterrupt:
             click.echo("tdiff: interrupted", err=True)

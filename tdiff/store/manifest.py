@@ -157,8 +157,9 @@ def read_part(path: Path) -> Part:
             if truncated:
                 part.problem = f"manifest {path.name} ends mid-record: its process died while writing"
                 break
-            what = "UTF-8 text" if isinstance(exc, UnicodeDecodeError) else "valid JSON"
-            raise DumpError(f"{where} line {number}: not {what} (corrupted manifest)") from None
+            what = {UnicodeDecodeError: "not UTF-8 text", RecursionError: "nested too deeply"}.get(
+                type(exc), "not valid JSON")
+            raise DumpError(f"{where} line {number}: {what} (corrupted manifest)") from None
         if not isinstance(entry, dict):
             raise DumpError(f"{where} line {number}: not a JSON object (corrupted manifest)")
         kind = entry.pop("type", None)

@@ -73,6 +73,10 @@ def open_dumper_dump(path: Path):
         tags = _tags_from_name(file.name)
         try:
             value, meta = _unwrap(_read(file, mmap=True))
+            odd = [k for k in meta if not isinstance(k, str)]
+            if odd:
+                raise DumpError(f"{file}: the meta has a key {reprlib.repr(odd[0])}; tdiff reads metadata "
+                                "keyed by text")
             tensors = list(_tensors(value, file))
         except DumpError as exc:
             problems.append(str(exc))

@@ -23,10 +23,10 @@ def make_dump(path):
     return path
 
 
-def dumper_files(path, value=None):
+def dumper_files(path, value=None, meta=()):
     """SGLang dumper output as its dumper writes it: one torch.save file per value."""
     path.mkdir()
-    torch.save({"value": torch.arange(4.0) if value is None else value, "meta": {"name": "hidden"}},
+    torch.save({"value": torch.arange(4.0) if value is None else value, "meta": {"name": "hidden", **dict(meta)}},
                path / "step=0___rank=0___dump_index=0___name=hidden.pt")
     return path
 
@@ -117,11 +117,13 @@ def test_a_deeply_nested_sglang_value_is_refused(tmp_path):
     assert "nested" in line
 
 
-def test_an_sglang_value_with_non_string_keys_is_refused(tmp_path):
+@pytest.mark.parametrize("value, meta", [({1: torch.arange(4.0), (2, 3): torch.ones(2)}, {}),
+                                         ({"a": torch.arange(4.0)}, {(1, 2): "x", 3: "y"})])
+def test_an_sglang_value_or_meta_with_non_string_keys_is_refused(tmp_path, value, meta):
     good = dumper_files(tmp_path / "good", {"a": torch.arange(4.0)})
-    bad = dumper_files(tmp_path / "bad", {1: torch.arange(4.0), (2, 3): torch.ones(2)})
+    bad = dumper_files(tmp_path / "bad", value, meta)
     line = one_error_line(tdiff_bounded("compare", good, bad, "--allow-incomplete"))
-    assert "key" in line
+    assert "has a key" in line
 
 
 @pytest.mark.parametrize("unreadable", [MANIFEST_DIR, "data", "."])

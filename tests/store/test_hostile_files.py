@@ -135,3 +135,15 @@ def test_an_unreadable_dump_directory_is_refused(tmp_path, unreadable):
     finally:
         (bad / unreadable).chmod(0o755)
     assert "Permission denied" in line
+
+
+@pytest.mark.parametrize("kind", ["fifo", "nested"])
+def test_patch_results_that_are_a_fifo_or_nested_too_deeply_are_refused(tmp_path, kind):
+    a, b = make_dump(tmp_path / "a"), make_dump(tmp_path / "b")
+    results = tmp_path / "results.json"
+    if kind == "fifo":
+        os.mkfifo(results)
+    else:
+        results.write_text("[" * 100_000 + "]" * 100_000)
+    line = one_error_line(tdiff_bounded("report", a, b, "--patch-results", results))
+    assert "--patch-results" in line

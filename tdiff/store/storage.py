@@ -100,6 +100,8 @@ class _H5Shard:
         no file outside the dump (an external link, external storage, a virtual dataset) is read."""
         import h5py
 
+        if "/" in key:  # a path through groups, any of which could be a link to another file
+            raise DumpError(f"{self._path}: tensor key {key!r} is a path; tdiff writes plain keys")
         try:
             link = self._handle.get(key, getlink=True)
             if link is None:

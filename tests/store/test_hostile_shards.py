@@ -70,6 +70,20 @@ def test_data_outside_the_dump_is_refused(tmp_path, redirect):
     assert shard.name in line and "dump's own files" in line
 
 
+def test_a_key_through_a_group_linked_to_another_file_is_refused(tmp_path):
+    good = tmp_path / "good"
+    h5_dump(good)
+    bad = tmp_path / "bad"
+    shard = h5_dump(bad)
+    key, data, outside, raw = outside_copy(shard, tmp_path)
+    with h5py.File(shard, "a") as f:
+        f["elsewhere"] = h5py.ExternalLink(str(outside), "/")
+    (manifest,) = (bad / "manifests").iterdir()
+    manifest.write_text(manifest.read_text().replace(f'"key":"{key}"', '"key":"elsewhere/stolen"'))
+    line = one_error_line(tdiff_cli("compare", good, bad))
+    assert shard.name in line and "is a path" in line
+
+
 def test_a_compressed_dataset_declaring_more_than_its_record_is_refused_before_reading(tmp_path):
     good = tmp_path / "good"
     h5_dump(good)

@@ -56,11 +56,22 @@ class _SafetensorsShard:
         self._keys = set(handle.keys())
 
     def get(self, key: str, *, nbytes: int) -> torch.Tensor:
-        """The tensor stored under ``key`` (memory-mapped; the reader checks its size)."""
+        """The tensor stored under ``key`` (memory-mapped), when its header declares the ``nbytes``
+        its record expects."""
+        from safetensors.torch import _TYPES
+
         if key not in self._keys:
             raise DumpError(f"{self._path}: tensor {key!r} is missing from its shard")
         try:
+            header = self._handle.get_slice(key)
+            dtype = _TYPES.get(header.get_dtype())
+            declared = torch.Size(header.get_shape()).numel() * dtype.itemsize if dtype is not None else None
+            if declared != nbytes:
+                raise DumpError(f"{self._path}: tensor {key!r} declares {declared} bytes, its record "
+                                f"says {nbytes}: the shard is corrupted")
             return self._handle.get_tensor(key)
+        except DumpError:
+            raise
         except Exception as exc:
             raise DumpError(f"{self._path}: cannot read tensor {key!r} ({_first_line(exc)}); "
                             "the file is truncated or corrupted") from None

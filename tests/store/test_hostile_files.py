@@ -1,12 +1,9 @@
 """Crafted files in place of a dump's: a FIFO, a device, a symlink to /dev/zero, deep nesting,
 values with odd keys, an unreadable directory. Each is exit 2 with one line, in bounded time and
-memory (the tdiff process runs with 1 GiB of data memory and a timeout)."""
+memory (the tdiff process runs with bounded data memory and a timeout)."""
 
 import json
 import os
-import resource
-import shutil
-import subprocess
 import sys
 
 import pytest
@@ -14,7 +11,7 @@ import torch
 
 import tdiff
 from tdiff.store.manifest import DUMP_FILE, MANIFEST_DIR
-from tests.helpers import REPO
+from tests.helpers import one_error_line, tdiff_bounded
 
 
 def make_dump(path):
@@ -29,32 +26,6 @@ def dumper_files(path, value=None, meta=()):
     torch.save({"value": torch.arange(4.0) if value is None else value, "meta": {"name": "hidden", **dict(meta)}},
                path / "step=0___rank=0___dump_index=0___name=hidden.pt")
     return path
-
-
-def _bounded():
-    resource.setrlimit(resource.RLIMIT_DATA, (1 << 30, 1 << 30))
-
-
-def tdiff_bounded(*args, unprivileged=False):
-    """The tdiff command in a real process with 1 GiB of data memory and a 120 s timeout; a hang
-    or a memory blow-up fails the test instead of the machine. ``unprivileged``: as root, without
-    the capabilities that bypass file permissions."""
-    prefix = []
-    if unprivileged and os.getuid() == 0:
-        setpriv = shutil.which("setpriv")
-        if setpriv is None:
-            pytest.skip("running as root without setpriv: permissions cannot be enforced")
-        dropped = "-dac_override,-dac_read_search"
-        prefix = [setpriv, f"--bounding-set={dropped}", f"--inh-caps={dropped}"]
-    return subprocess.run([*prefix, sys.executable, "-m", "tdiff", *map(str, args)], capture_output=True,
-                          text=True, timeout=120, preexec_fn=_bounded, env={**os.environ, "PYTHONPATH": str(REPO)})
-
-
-def one_error_line(result):
-    assert result.returncode == 2, (result.returncode, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("tdiff: error:"), result.stderr
-    return lines[0]
 
 
 def replace_with(path, kind):

@@ -53,6 +53,7 @@ def test_the_terminal_gets_no_control_characters_and_no_markup_from_names(tmp_pa
     assert "[/bold]" in result.output and "[/red]" in result.output   # shown, not taken as markup
     bisect = tdiff_cli("bisect", a, b)
     assert bisect.exit_code == 1 and "\x1b" not in bisect.output and "\x07" not in bisect.output
+    assert not [line for line in bisect.output.splitlines() if line.startswith("# Injected")]
 
 
 def test_an_error_naming_a_hostile_file_is_one_clean_line(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -70,3 +71,42 @@ def tdiff_process(*args, cwd=None, env=None, timeout=600):
     """Run the CLI as a real subprocess (python -m tdiff)."""
     return subprocess.run([sys.executable, "-m", "tdiff", *map(str, args)], cwd=cwd, capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+BOUNDED_MEMORY = 2 << 30
+
+
+def _bounded_memory():
+    resource.setrlimit(resource.RLIMIT_DATA, (BOUNDED_MEMORY, BOUNDED_MEMORY))
+
+
+def tdiff_bounded(*args, unprivileged=False, preexec_fn=None, timeout=120):
+    """The CLI as a real subprocess with 2 GiB of data memory and a timeout: a hang or a memory
+    blow-up on crafted input fails the test instead of the machine. ``unprivileged``: as root,
+    without the capabilities that bypass file permissions (skips when that cannot be arranged)."""
+    import pytest
+
+    prefix = []
+    if unprivileged and os.getuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("running as root without setpriv: file permissions cannot be enforced")
+        dropped = "-dac_override,-dac_read_search"
+        prefix = [setpriv, f"--bounding-set={dropped}", f"--inh-caps={dropped}"]
+
+    def setup():
+        _bounded_memory()
+        if preexec_fn is not None:
+            preexec_fn()
+
+    return subprocess.run([*prefix, sys.executable, "-m", "tdiff", *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, preexec_fn=setup,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def one_error_line(result) -> str:
+    """The single ``tdiff: error:`` line of a subprocess that exited 2."""
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tdiff: error:"), result.stderr[-2000:]
+    return lines[0]

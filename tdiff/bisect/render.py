@@ -8,18 +8,20 @@ from rich.markup import escape
 from tdiff.bisect.result import BisectResult
 from tdiff.bisect.search import BinarySearch
 from tdiff.report.console import describe, fmt_number
+from tdiff.text import printable
 
 
 def render_bisect(result: BisectResult, console: Console) -> None:
     def say(text: str) -> None:
-        console.print(text, soft_wrap=True)  # long module paths stay on one line
+        # long module paths stay on one line, and a name holding a line break cannot add one
+        console.print(printable(text), soft_wrap=True)
 
     for note in result.notes:
         say(f"[yellow]note[/yellow]: {escape(note)}")
     if result.repeats is not None:
         repeats = result.repeats
         say(f"repeats: {len(repeats.runs)} runs against {repeats.reference}; "
-            f"not bitwise repeatable: {', '.join(repeats.differing) or 'none'}")
+            f"not bitwise repeatable: {escape(', '.join(repeats.differing)) or 'none'}")
     d = result.first_divergence
     if d is None:
         say(f"[green]match[/green]: all {result.checked:,} events compared are equal "

@@ -22,6 +22,7 @@ from tdiff.compare.metrics import EXACT, Tolerance
 from tdiff.compare.pairing import Pairing
 from tdiff.errors import DumpError, TdiffError
 from tdiff.store import open_dump
+from tdiff.store.files import read_regular
 
 REPEAT_FILE = "tdiff-repeat.json"
 _FORMAT = "tdiff-repeat"
@@ -43,8 +44,8 @@ def read_repeat_index(path: Path) -> list[Path] | None:
     if not index_path.is_file():
         return None
     try:
-        index = json.loads(index_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        index = json.loads(read_regular(index_path, "repeat index").decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         raise DumpError(f"{index_path}: not valid JSON (corrupted repeat index)") from None
     if not isinstance(index, dict) or index.get("format") != _FORMAT:
         raise DumpError(f"{index_path}: not a tdiff repeat index")

@@ -56,7 +56,8 @@ def _start_capture(config: dict) -> None:
 
 
 def _stop_on_sigterm(capture) -> None:
-    """Engines end worker processes with SIGTERM: finish the manifest first, then die as asked."""
+    """Engines end worker processes with SIGTERM: finish the manifest first, as failed (what the
+    process computed may be cut short, even when its launcher exits 0), then die as asked."""
     import signal
     import threading
 
@@ -66,7 +67,7 @@ def _stop_on_sigterm(capture) -> None:
         return  # the program handles SIGTERM itself and will exit through atexit
 
     def finish_and_terminate(signum, frame):
-        capture.stop()
+        capture.stop("the process was ended by SIGTERM")
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
 

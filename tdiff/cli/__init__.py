@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import importlib
 import sys
+import tempfile
+import traceback
 
 import click
 
 import tdiff
 from tdiff.errors import TdiffError
+from tdiff.text import printable
 
 COMMANDS = {
     "capture": "tdiff.cli.capture:capture",
@@ -52,11 +55,26 @@ class LazyGroup(click.Group):
         try:
             return super().invoke(ctx)
         except TdiffError as exc:
-            click.echo(f"tdiff: error: {exc}", err=True)
+            click.echo(f"tdiff: error: {printable(exc)}", err=True)  # names in it come from files
             ctx.exit(2)
         except KeyboardInterrupt:
             click.echo("tdiff: interrupted", err=True)
             ctx.exit(130)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as exc:  # noqa: BLE001 - a bug in tdiff must never read as "diverged" (1)
+            click.echo(f"tdiff: internal error, this is a bug in tdiff ({type(exc).__name__}); "
+                       f"the traceback is in {_save_traceback()}", err=True)
+            ctx.exit(3)
+
+
+def _save_traceback() -> str:
+    """Write the exception being handled to a file in the system's temporary directory."""
+    with tempfile.NamedTemporaryFile("w", prefix="tdiff-crash-", suffix=".txt", delete=False,
+                                     encoding="utf-8") as file:
+        file.write(f"tdiff {tdiff.__version__}, argv {sys.argv!r}\n")
+        traceback.print_exc(file=file)
+    return file.name
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -64,7 +82,9 @@ class LazyGroup(click.Group):
 def cli():
     """tdiff: find the first op where two runs of the same model part numerically.
 
-    Exit codes: 0 match, 1 divergence found, 2 bad input or usage.
+    Exit codes: 0 match, 1 divergence found, 2 bad input or usage, 3 tdiff itself failed (the
+    traceback is saved to a file in the temporary directory). capture and patch apply exit with
+    the wrapped command's own status.
     """
 
 

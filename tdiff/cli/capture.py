@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -50,7 +51,7 @@ def capture(out, side, select, exclude, layers, steps, mode, storage, max_pendin
     tdiff capture --out dumps/rep --repeat 5 -- python run.py
 
     Each process (rank) writes its own manifest and shards into --out. Exit status: the
-    command's own when it fails, 2 when nothing was captured, else 0.
+    command's own when it fails, 2 when nothing was captured, 3 when tdiff itself failed, else 0.
     """
     from tdiff.hooks.run import run_captured
     from tdiff.hooks.selection import compile_patterns
@@ -95,7 +96,14 @@ def _prepare_out(out: Path, force: bool) -> None:
     # a run that failed before recording anything leaves nothing to protect: the retry replaces it
     if not force and _holds_records(out):
         raise TdiffError(f"{out} already holds a dump; pass --force to replace it")
-    shutil.rmtree(out)
+    if out.is_symlink():
+        raise TdiffError(f"{out} is a symbolic link; --force replaces only a dump directory itself: "
+                         f"pass the directory it points to ({os.path.realpath(out)}) or another --out")
+    try:
+        shutil.rmtree(out)
+    except OSError as exc:
+        raise TdiffError(f"cannot remove the dump in {out} ({exc.strerror or exc}); "
+                         "remove it yourself or choose another --out") from None
 
 
 def _holds_records(folder: Path) -> bool:

@@ -40,7 +40,8 @@ def apply(config, quiet, command):
 
     Every patch is checked against the installed packages first; one that no longer applies stops
     here (exit 2). In the command's processes a patch applies when its module is imported; one
-    that fails there ends that process with status 2. Exit status: the command's own.
+    that fails there ends that process with status 2. Exit status: the command's own (3 when
+    tdiff itself failed).
     """
     from tdiff.bootstrap import child_environment
     from tdiff.source_patcher.bootstrap import child_config, read_applied_log

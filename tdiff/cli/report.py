@@ -99,11 +99,12 @@ def _render(result, fmt: str, gh_comment: bool) -> str:
 
 def _read_patch_results(path: Path) -> dict:
     from tdiff.report.model import read_patch_results
+    from tdiff.store.files import read_regular
 
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise TdiffError(f"--patch-results {path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
+        text = read_regular(path, "file").decode("utf-8")
+    except TdiffError as exc:
+        raise TdiffError(f"--patch-results {exc}") from None
+    except UnicodeDecodeError as exc:
         raise TdiffError(f"--patch-results {path}: cannot read it ({exc})") from None
     return read_patch_results(text, f"--patch-results {path}")

@@ -118,7 +118,8 @@ class Capture:
         _active = self
         return self
 
-    def stop(self) -> None:
+    def stop(self, error: str | None = None) -> None:
+        """End the capture; ``error`` says why the captured code failed (the dump is then incomplete)."""
         global _active
         if _active is self:
             _active = None
@@ -127,14 +128,15 @@ class Capture:
             self._forward_restore = None
         if self.writer is not None:
             self._summaries.flush()
-            self.writer.close(notes=self.notes)
+            self.writer.close(error, notes=self.notes)
             self.writer = None
 
     def __enter__(self) -> Capture:
         return self.start()
 
-    def __exit__(self, *exc_info) -> None:
-        self.stop()
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        succeeded = exc_type is None or (exc_type is SystemExit and exc.code in (None, 0))
+        self.stop(None if succeeded else f"the captured code raised {exc_type.__name__}")
 
     def _new_writer(self) -> DumpWriter:
         header = {"side": self.side, "mode": self.mode, "argv": sys.argv[:16],

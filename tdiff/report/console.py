@@ -3,17 +3,30 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 from rich.console import Console
+from rich.markup import escape
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
 from tdiff.compare.engine import CompareReport, Comparison
+from tdiff.text import printable
+
+
+class _PlainConsole(Console):
+    """A console that writes no control character it was not asked to: a tensor name or side label
+    holding terminal escapes prints as text (rich's own styles and cursor moves still pass)."""
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        return super()._render_buffer(
+            s if s.control else Segment(printable(s.text, keep_newlines=True), s.style) for s in buffer)
 
 
 def make_console(stderr: bool = False, quiet: bool = False) -> Console:
     """``quiet``: a console that prints nothing (informational lines under --quiet)."""
-    console = Console(stderr=stderr, highlight=False, soft_wrap=False, quiet=quiet)
+    console = _PlainConsole(stderr=stderr, highlight=False, soft_wrap=False, quiet=quiet)
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console.width = 140  # logs and CI: wide enough for full tensor names
     return console
@@ -48,7 +61,7 @@ def render_compare(report: CompareReport, console: Console, top: int | None = No
     comparisons = report.comparisons
     first = report.first_divergence
     shown = _rows_to_show(comparisons, first, top)
-    table = Table(title=f"{report.a.side} vs {report.b.side} ({report.options.tolerance.describe()})",
+    table = Table(title=Text(printable(f"{report.a.side} vs {report.b.side} ({report.options.tolerance.describe()})")),
                   title_justify="left", show_lines=False)
     table.add_column("#", justify="right", no_wrap=True)
     table.add_column("tensor", overflow="fold", min_width=24, ratio=1)
@@ -60,7 +73,7 @@ def render_compare(report: CompareReport, console: Console, top: int | None = No
         m = c.metrics if c.diverged else None
         style = "bold red" if c is first else ("red" if c.diverged else "")
         status = Text(c.status + (" <- first" if c is first else ""), style=style or "green")
-        table.add_row(str(index), Text(c.name), r.role, f"{r.step}:{r.call}", status,
+        table.add_row(str(index), Text(printable(c.name)), r.role, f"{r.step}:{r.call}", status,
                       f"{100 * m.mismatch_fraction:.3g}%" if m else "",
                       fmt_number(m.max_abs) if m else "", fmt_number(m.max_ulp_at_scale) if m else "",
                       f"{m.cosine:.6f}" if m else "", style=style)
@@ -69,10 +82,10 @@ def render_compare(report: CompareReport, console: Console, top: int | None = No
         console.print(f"({len(comparisons) - len(shown)} more rows; --top 0 shows all)")
     for label, dump in (("A", report.a), ("B", report.b)):
         for problem in dump.problems:
-            console.print(f"[yellow]warning[/yellow]: side {label} incomplete: {problem}")
+            console.print(f"[yellow]warning[/yellow]: side {label} incomplete: {escape(problem)}")
         for note in dump.notes:
-            console.print(f"note: side {label}: {note}", markup=False)
-    console.print(summary_line(report))
+            console.print(Text(f"note: side {label}: {printable(note)}"))
+    console.print(Text(printable(summary_line(report))))
 
 
 def summary_line(report: CompareReport) -> str:

@@ -10,13 +10,16 @@ first divergence, then the worst) and say how many rows they left out.
 from __future__ import annotations
 
 import html
+import re
 
 from tdiff.report.document import Code, Document, Heading, Inline, Paragraph, Plots, Strong, Table, build_document
 from tdiff.report.model import Report
+from tdiff.text import printable
 
 COMMENT_LIMIT = 65_536          # GitHub's limit on an issue or pull-request comment, in characters
 GH_MARKER = "<!-- tdiff-report -->"
 CELL_CHARS = 160                # longer cell text is elided in the middle
+PROSE_CHARS = 1_000             # so is longer text in a paragraph (a name, a label)
 MIN_ROWS = 5
 
 
@@ -62,11 +65,11 @@ def _table(table: Table, cap: int | None) -> list[str]:
     kept = table.kept(cap)
     lines = []
     if table.folded:
-        lines += ["<details>", f"<summary>{html.escape(table.title or table.key)}</summary>", ""]
+        lines += ["<details>", f"<summary>{html.escape(printable(table.title or table.key))}</summary>", ""]
     elif table.title:
         lines += [f"### {_escape(table.title)}", ""]
     if kept:
-        lines.append("| " + " | ".join(_escape(c) or " " for c in table.columns) + " |")
+        lines.append("| " + " | ".join(_escape(c).replace("|", "\\|") or " " for c in table.columns) + " |")
         lines.append("|" + "|".join("--:" if i in table.numeric else ":--" for i in range(len(table.columns))) + "|")
         lines += ["| " + " | ".join(inline(cell, table_cell=True) for cell in table.rows[i]) + " |" for i in kept]
         lines.append("")
@@ -85,7 +88,7 @@ def inline(parts: Inline, *, table_cell: bool = False) -> str:
     parts = (parts,) if isinstance(parts, str) else parts
     out = []
     for part in parts:
-        text = _elide(part) if table_cell else str(part)
+        text = _elide(part, CELL_CHARS if table_cell else PROSE_CHARS)
         if isinstance(part, Code):
             out.append(_code(text))
         elif isinstance(part, Strong):
@@ -93,24 +96,32 @@ def inline(parts: Inline, *, table_cell: bool = False) -> str:
         else:
             out.append(_escape(text))
     text = "".join(out)
-    return text.replace("|", "\\|").replace("\n", " ") if table_cell else text
+    return text.replace("|", "\\|") if table_cell else text
 
 
 def _code(text: str) -> str:
-    fence = "``" if "`" in text else "`"
+    """A code span that shows ``text`` as written: its fence is longer than any run of backticks
+    inside, so a name cannot close it early; on one line, so it cannot start a block."""
+    text = printable(_elide(text, PROSE_CHARS))
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
     pad = " " if text.startswith("`") or text.endswith("`") else ""
     return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def _escape(text: str) -> str:
-    """Plain text that Markdown (and GitHub's HTML filter) shows as written."""
-    for char in "\\`*_[]<>#":
+    """Plain text that Markdown (and GitHub's HTML filter) shows as written, on one line: a name
+    holding a line break cannot start a heading, a list or an HTML block."""
+    text = printable(_elide(text, PROSE_CHARS))
+    for char in "\\`*_[]<>#&~":
         text = text.replace(char, "\\" + char)
     return text
 
 
-def _elide(text: str) -> str:
-    if len(text) <= CELL_CHARS:
-        return str(text)
-    half = (CELL_CHARS - 1) // 2
+def _elide(text: str, limit: int) -> str:
+    """Text over ``limit`` characters, cut in the middle: a 200,000-character tensor name leaves
+    room for the verdict within the comment size limit."""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    half = (limit - 1) // 2
     return f"{text[:half]}…{text[-half:]}"

@@ -264,6 +264,8 @@ def read_patch_results(text: str, where: str) -> dict:
     except json.JSONDecodeError as exc:
         raise TdiffError(f"{where}: not JSON ({exc.msg} at line {exc.lineno}); "
                          "pass the output of `tdiff patch try --json`") from None
+    except RecursionError:
+        raise TdiffError(f"{where}: JSON nested too deeply; pass the output of `tdiff patch try --json`") from None
     if not isinstance(data, dict) or not isinstance(data.get("candidates"), list) \
             or not all(isinstance(c, dict) and "name" in c for c in data["candidates"]):
         raise TdiffError(f"{where}: not the JSON of `tdiff patch try --json` "

@@ -32,7 +32,10 @@ from pathlib import Path
 
 import yaml
 
+from tdiff import bounded_yaml
+from tdiff.bounded_yaml import BoundedSafeLoader, brief
 from tdiff.errors import TdiffError
+from tdiff.store.files import read_regular
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(#[0-9]+)?")   # "#2": a target's second unnamed patch
 _IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -124,7 +127,7 @@ class _Mapping(dict):
         return self.key_lines.get(key, self.line)
 
 
-class _LineLoader(yaml.SafeLoader):
+class _LineLoader(BoundedSafeLoader):
     pass
 
 
@@ -138,10 +141,10 @@ def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode):
         key = loader.construct_object(key_node, deep=True)
         line = key_node.start_mark.line + 1
         if not isinstance(key, str):
-            raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is not text", key_node.start_mark)
+            raise yaml.constructor.ConstructorError(None, None, f"key {brief(key)} is not text", key_node.start_mark)
         if key in data.key_lines:
             raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r} (first on line {data.key_lines[key]})", key_node.start_mark)
+                None, None, f"duplicate key {brief(key)} (first on line {data.key_lines[key]})", key_node.start_mark)
         data.key_lines[key] = line
         data[key] = loader.construct_object(value_node, deep=True)
 
@@ -150,22 +153,14 @@ _LineLoader.add_constructor("tag:yaml.org,2002:map", _construct_mapping)
 
 
 def load_yaml(text: str, source: str):
-    """Parse YAML with the safe loader; mappings keep their line numbers for later messages."""
-    try:
-        return yaml.load(text, Loader=_LineLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        problem = getattr(exc, "problem", None) or str(exc)
-        where = f"{source} line {mark.line + 1}" if mark is not None else source
-        raise TdiffError(f"{where}: not valid YAML: {problem}") from None
+    """Parse YAML with the bounded safe loader; mappings keep their line numbers for later messages."""
+    return bounded_yaml.load(text, source, _LineLoader)
 
 
 def read_text(path: str | Path) -> str:
     try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise TdiffError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
+        return read_regular(Path(path), "file").decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise TdiffError(f"{path}: cannot be read: {exc}") from None
 
 
@@ -208,7 +203,7 @@ class Fields:
         if not allow_empty and not value.strip():
             raise self.error(f"{self.what}: {key!r} is empty", key)
         if pattern is not None and not pattern.fullmatch(value):
-            raise self.error(f"{self.what}: {key!r} is {value!r}, not {describe}", key)
+            raise self.error(f"{self.what}: {key!r} is {brief(value)}, not {describe}", key)
         return value
 
     def flag(self, key: str) -> bool:
@@ -308,12 +303,12 @@ def _name_after_targets(items: list) -> None:
 def _combination(item, top: Fields, names: set[str]) -> tuple[str, ...]:
     where = top.where("combinations")
     if not isinstance(item, list) or len(item) < 2 or not all(isinstance(n, str) for n in item):
-        raise TdiffError(f"{where}: each combination must be a list of two or more patch names, not {item!r}")
+        raise TdiffError(f"{where}: each combination must be a list of two or more patch names, not {brief(item)}")
     unknown = [n for n in item if n not in names]
     if unknown:
-        raise TdiffError(f"{where}: combination {item!r} names unknown patch(es): {', '.join(unknown)}")
+        raise TdiffError(f"{where}: combination {brief(item)} names unknown patch(es): {', '.join(unknown)}")
     if len(set(item)) != len(item):
-        raise TdiffError(f"{where}: combination {item!r} names a patch twice")
+        raise TdiffError(f"{where}: combination {brief(item)} names a patch twice")
     return tuple(item)
 
 

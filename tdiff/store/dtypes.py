@@ -55,12 +55,21 @@ def to_bytes_view(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.contiguous().reshape(-1).view(torch.uint8)
 
 
+def _stored_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    dtype = torch_dtype(dtype) if isinstance(dtype, str) else dtype
+    return QUANTIZED_REPR.get(dtype, dtype)
+
+
+def stored_nbytes(dtype: str | torch.dtype, shape) -> int:
+    """How many bytes :func:`to_bytes_view` gives for a tensor of this dtype and shape."""
+    return torch.Size(tuple(shape)).numel() * _stored_dtype(dtype).itemsize
+
+
 def from_bytes_view(raw: torch.Tensor, dtype: str | torch.dtype, shape) -> torch.Tensor:
     """Rebuild a tensor from its flat uint8 bytes; the inverse of :func:`to_bytes_view`."""
-    dtype = torch_dtype(dtype) if isinstance(dtype, str) else dtype
     shape = tuple(shape)
-    dtype = QUANTIZED_REPR.get(dtype, dtype)
-    expected = torch.Size(shape).numel() * dtype.itemsize
+    dtype = _stored_dtype(dtype)
+    expected = stored_nbytes(dtype, shape)
     raw = raw.reshape(-1)
     if raw.dtype != torch.uint8:
         raw = raw.view(torch.uint8)

@@ -22,6 +22,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tdiff.store.files import bounded_lines
 from tdiff.store.record import Record
 from tdiff.errors import DumpError
 
@@ -44,17 +45,17 @@ def atomic_write_json(path: Path, data: dict, *, replace: bool = True) -> bool:
     Returns whether this call's content is now at ``path``.
     """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}.tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    if replace:
-        os.replace(tmp, path)
-        return True
     try:
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        if replace:
+            os.replace(tmp, path)
+            return True
         os.link(tmp, path)  # atomic, and fails when another process created it first
         return True
     except FileExistsError:
         return False
     finally:
-        tmp.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)  # also when writing failed half-way (a full disk)
 
 
 def check_format(data: object, where: str) -> dict:
@@ -88,9 +89,13 @@ def describe_exit(returncode: int) -> str:
 
 def update_dump_info(root: Path, **info) -> None:
     path = root / DUMP_FILE
-    data = json.loads(path.read_text())
-    data.update(info)
-    atomic_write_json(path, data)
+    try:
+        data = json.loads(path.read_text())
+        data.update(info)
+        atomic_write_json(path, data)
+    except OSError as exc:
+        raise DumpError(f"{path}: cannot record {', '.join(info)} ({exc.strerror or exc}); "
+                        "the dump's header is unchanged") from None
 
 
 class ManifestJournal:
@@ -135,30 +140,28 @@ class Part:
         return min((r.rank for r in self.records), default=0)
 
 
+_EMPTY = "manifest is empty (the process died before writing its header)"
+
+
 def read_part(path: Path) -> Part:
     where = f"{path}"
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError:
-        raise DumpError(f"{where}: manifest is not UTF-8 text (corrupted)") from None
-    except OSError as exc:
-        raise DumpError(f"{where}: cannot read manifest ({exc.strerror})") from None
-    lines = text.split("\n")
-    truncated = lines[-1] != ""
-    lines = lines[:-1] if not truncated else lines
-    if not lines or not lines[0].strip():
-        raise DumpError(f"{where}: manifest is empty (the process died before writing its header)")
     part = Part(name=path.stem, header={})
     end = None
-    for number, line in enumerate(lines, 1):
-        last = number == len(lines)
+    number = 0
+    for number, raw in bounded_lines(path, "manifest"):
+        truncated = not raw.endswith(b"\n")  # only the last line can lack its newline
         try:
+            line = raw.decode("utf-8")
             entry = json.loads(line)
-        except json.JSONDecodeError:
-            if last and truncated:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            if number == 1 and not raw.strip():
+                raise DumpError(f"{where}: {_EMPTY}") from None
+            if truncated:
                 part.problem = f"manifest {path.name} ends mid-record: its process died while writing"
                 break
-            raise DumpError(f"{where} line {number}: not valid JSON (corrupted manifest)") from None
+            what = {UnicodeDecodeError: "not UTF-8 text", RecursionError: "nested too deeply"}.get(
+                type(exc), "not valid JSON")
+            raise DumpError(f"{where} line {number}: {what} (corrupted manifest)") from None
         if not isinstance(entry, dict):
             raise DumpError(f"{where} line {number}: not a JSON object (corrupted manifest)")
         kind = entry.pop("type", None)
@@ -174,6 +177,8 @@ def read_part(path: Path) -> Part:
             end = entry
         else:
             raise DumpError(f"{where} line {number}: unknown entry type {kind!r}")
+    if number == 0:
+        raise DumpError(f"{where}: {_EMPTY}")
     if part.problem is None:
         part.problem = _end_problem(path, end, len(part.records))
     notes = (end or {}).get("notes")

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from tdiff.store.dtypes import from_bytes_view, to_bytes_view
+from tdiff.store.dtypes import from_bytes_view, stored_nbytes, to_bytes_view
+from tdiff.store.files import check_regular, read_regular
 from tdiff.store.fingerprint import fingerprint_algorithm, xxh3_fingerprint
 from tdiff.store.manifest import DATA_DIR, DUMP_FILE, MANIFEST_DIR, Part, check_format, describe_exit, read_part
 from tdiff.store.record import Record
@@ -59,7 +60,8 @@ class Dump:
             raise DumpError(f"{self.path}: {record.name} was captured in stats mode and has no data; "
                             "capture it with --mode full")
         shard = self._shard(record.file)
-        tensor = from_bytes_view(to_bytes_view(shard.get(record.key)), record.dtype, record.shape)
+        stored = shard.get(record.key, nbytes=stored_nbytes(record.dtype, record.shape))
+        tensor = from_bytes_view(to_bytes_view(stored), record.dtype, record.shape)
         # a bit flipped on disk must never pass as a match: check the bytes against the record
         if fingerprint_algorithm(record.fingerprint) == "xxh3" and xxh3_fingerprint(tensor) != record.fingerprint:
             raise DumpError(f"{self.path / DATA_DIR / record.file}: tensor {record.key} ({record.name}) "
@@ -70,32 +72,40 @@ class Dump:
         """Open the shard for one read. Not cached: a kept memory map would hold every page read
         so far resident, and peak memory must stay a small multiple of one tensor."""
         path = self.path / DATA_DIR / file
-        if not path.is_file():
-            raise DumpError(f"{path}: tensor file is missing")
+        check_regular(path, "tensor file")
         return storage_for_file(path).open(path)
 
 
 def open_dump(path: str | Path, *, allow_incomplete: bool = False) -> Dump:
     """Open and validate a dump. Raises :class:`DumpError` for anything a user must fix."""
     path = Path(path)
+    try:
+        return _open_dump(path, allow_incomplete)
+    except OSError as exc:  # a directory of the dump that cannot be listed (permissions, I/O)
+        raise DumpError(f"{exc.filename or path}: cannot read the dump ({exc.strerror or exc})") from None
+
+
+def _open_dump(path: Path, allow_incomplete: bool) -> Dump:
     if not path.exists():
         raise DumpError(f"{path}: no such dump directory")
     if not path.is_dir():
         raise DumpError(f"{path}: not a dump (a dump is a directory written by `tdiff capture`)")
     header_path = path / DUMP_FILE
-    if not header_path.is_file():
+    if not header_path.exists():
         dumper_dir = find_dumper_dir(path)
         if dumper_dir is None:
             raise DumpError(f"{path}: not a tdiff dump (no {DUMP_FILE}) nor SGLang dumper output (no "
                             "*.pt files); capture one with `tdiff capture`")
         return _checked(open_dumper_dump(dumper_dir), allow_incomplete)
     try:
-        info = json.loads(header_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        info = json.loads(read_regular(header_path, "dump header").decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         raise DumpError(f"{header_path}: not valid JSON (corrupted dump header)") from None
     check_format(info, str(header_path))
 
-    manifest_paths = sorted((path / MANIFEST_DIR).glob("*.jsonl"))
+    manifest_dir = path / MANIFEST_DIR
+    # listed, not globbed: a glob would take a directory it cannot read for an empty one
+    manifest_paths = sorted(p for p in manifest_dir.iterdir() if p.suffix == ".jsonl") if manifest_dir.is_dir() else []
     parts = [read_part(p) for p in manifest_paths]
     parts.sort(key=lambda part: (part.rank, _started(part)))
     problems = [part.problem for part in parts if part.problem]

@@ -17,6 +17,7 @@ The calls of a module shared by the layers go to the layer id the dumper tagged 
 from __future__ import annotations
 
 import re
+import reprlib
 from collections import defaultdict
 from pathlib import Path
 
@@ -25,6 +26,7 @@ import torch
 from tdiff.errors import DumpError
 from tdiff.hooks.selection import layer_of
 from tdiff.store.dtypes import dtype_name
+from tdiff.store.files import check_regular
 from tdiff.store.manifest import Part
 from tdiff.store.record import Record
 
@@ -33,6 +35,7 @@ _NON_INTRUSIVE = "non_intrusive__"
 _MODULE_VALUE = re.compile(r"(?:(?P<module>.*?)\.)?(?P<role>inputs|output)(?:\.(?P<sub>.+))?")
 _CORE_FIELDS = {"input_ids", "positions", "seq_lens", "req_pool_indices", "rids", "position_ids",
                 "cu_seqlens_q", "cu_seqlens_kv", "qkv_format"}
+_MAX_DEPTH = 64  # containers inside containers; real values nest a few levels
 _STANDARD_TAGS = {"step", "rank", "dump_index", "name", "recompute_status"}
 # dumper axis names -> tdiff's (tdiff.align.unshard.MODEL_PARALLEL_AXES)
 _AXES = {"tp": "tp", "attn_tp": "tp", "ep": "ep", "moe_ep": "ep", "etp": "etp", "moe_tp": "etp"}
@@ -72,11 +75,15 @@ def open_dumper_dump(path: Path):
         tags = _tags_from_name(file.name)
         try:
             value, meta = _unwrap(_read(file, mmap=True))
+            odd = [k for k in meta if not isinstance(k, str)]
+            if odd:
+                raise DumpError(f"{file}: the meta has a key {reprlib.repr(odd[0])}; tdiff reads metadata "
+                                "keyed by text")
+            tensors = list(_tensors(value, file))
         except DumpError as exc:
             problems.append(str(exc))
             continue
         tags.update(meta)
-        tensors = list(_tensors(value))
         if not tensors:
             skipped += 1          # an int, a string, None: not a tensor to compare
             continue
@@ -96,6 +103,7 @@ def open_dumper_dump(path: Path):
 
 
 def _read(file: Path, *, mmap: bool):
+    check_regular(file, "SGLang dumper file")  # a FIFO or /dev/zero would hang torch.load or fill memory
     try:
         return torch.load(file, weights_only=True, map_location="cpu", mmap=mmap)
     except RuntimeError as exc:
@@ -117,15 +125,22 @@ def _unwrap(obj) -> tuple[object, dict]:
     return obj, {}
 
 
-def _tensors(value, prefix: str = ""):
+def _tensors(value, file: Path, prefix: str = "", depth: int = 0):
+    """(key, tensor) for each tensor in a value; keys join the path with dots, so a dict key must
+    be text without a dot for :func:`_at` to find it again."""
+    if depth > _MAX_DEPTH:
+        raise DumpError(f"{file}: value nested deeper than {_MAX_DEPTH} levels; not one tdiff reads")
     if isinstance(value, torch.Tensor):
         yield prefix, value
     elif isinstance(value, dict):
         for k, v in value.items():
-            yield from _tensors(v, f"{prefix}.{k}" if prefix else str(k))
+            if not isinstance(k, str) or "." in k or not k:
+                raise DumpError(f"{file}: the value has a key {reprlib.repr(k)} at {prefix or 'the top'}; "
+                                "tdiff reads values whose keys are non-empty text without dots")
+            yield from _tensors(v, file, f"{prefix}.{k}" if prefix else k, depth + 1)
     elif isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
-            yield from _tensors(v, f"{prefix}.{i}" if prefix else str(i))
+            yield from _tensors(v, file, f"{prefix}.{i}" if prefix else str(i), depth + 1)
 
 
 def _at(value, key: str):

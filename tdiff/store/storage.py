@@ -54,11 +54,23 @@ class _SafetensorsShard:
         self._path = path
         self._keys = set(handle.keys())
 
-    def get(self, key: str) -> torch.Tensor:
+    def get(self, key: str, *, nbytes: int) -> torch.Tensor:
+        """The tensor stored under ``key`` (memory-mapped), when its header declares the ``nbytes``
+        its record expects."""
+        from safetensors.torch import _TYPES
+
         if key not in self._keys:
             raise DumpError(f"{self._path}: tensor {key!r} is missing from its shard")
         try:
+            header = self._handle.get_slice(key)
+            dtype = _TYPES.get(header.get_dtype())
+            declared = torch.Size(header.get_shape()).numel() * dtype.itemsize if dtype is not None else None
+            if declared != nbytes:
+                raise DumpError(f"{self._path}: tensor {key!r} declares {declared} bytes, its record "
+                                f"says {nbytes}: the shard is corrupted")
             return self._handle.get_tensor(key)
+        except DumpError:
+            raise
         except Exception as exc:
             raise DumpError(f"{self._path}: cannot read tensor {key!r} ({_first_line(exc)}); "
                             "the file is truncated or corrupted") from None
@@ -92,14 +104,48 @@ class _H5Shard:
         self._handle = handle
         self._path = path
 
-    def get(self, key: str) -> torch.Tensor:
-        if key not in self._handle:
-            raise DumpError(f"{self._path}: tensor {key!r} is missing from its shard")
+    def get(self, key: str, *, nbytes: int) -> torch.Tensor:
+        """The dataset ``key``, read only when it is stored in this file and declares the
+        ``nbytes`` its record expects: a compressed dataset cannot expand beyond its record, and
+        no file outside the dump (an external link, external storage, a virtual dataset) is read."""
+        import h5py
+
+        if "/" in key:  # a path through groups, any of which could be a link to another file
+            raise DumpError(f"{self._path}: tensor key {key!r} is a path; tdiff writes plain keys")
         try:
-            return torch.from_numpy(self._handle[key][()])
+            link = self._handle.get(key, getlink=True)
+            if link is None:
+                raise DumpError(f"{self._path}: tensor {key!r} is missing from its shard")
+            if not isinstance(link, h5py.HardLink):
+                raise DumpError(f"{self._path}: tensor {key!r} is a {type(link).__name__} to data "
+                                "elsewhere; tdiff reads only data stored in the dump's own files")
+            dataset = self._handle[key]
+            if not isinstance(dataset, h5py.Dataset):
+                raise DumpError(f"{self._path}: {key!r} is not a dataset (corrupted shard)")
+            if dataset.is_virtual or dataset.external:
+                raise DumpError(f"{self._path}: tensor {key!r} is stored in other files (a "
+                                f"{'virtual dataset' if dataset.is_virtual else 'dataset with external storage'}); "
+                                "tdiff reads only data stored in the dump's own files")
+            declared = _declared_nbytes(dataset)
+            if declared != nbytes:
+                raise DumpError(f"{self._path}: tensor {key!r} declares {declared} bytes, its record "
+                                f"says {nbytes}: the shard is corrupted")
+            return torch.from_numpy(dataset[()])
+        except DumpError:
+            raise
         except Exception as exc:
             raise DumpError(f"{self._path}: cannot read tensor {key!r} ({_first_line(exc)}); "
                             "the file is corrupted") from None
+
+
+def _declared_nbytes(dataset) -> int | None:
+    """The bytes a dataset of plain numbers expands to, from its header; None for other types."""
+    if dataset.dtype.kind not in "biufc" or dataset.shape is None:
+        return None
+    count = 1
+    for n in dataset.shape:
+        count *= n
+    return count * dataset.dtype.itemsize
 
 
 def storage_for(name: str):

@@ -105,12 +105,14 @@ class DumpWriter:
         self._queue.put(done)
         done.wait()
 
-    def close(self, notes: list[str] = ()) -> None:
-        """Write out what is pending and end the manifest, with the capture's ``notes``."""
+    def close(self, error: str | None = None, notes: list[str] = ()) -> None:
+        """Write what is pending and end the manifest, with the capture's ``notes``; ``error`` (why
+        the captured program failed) or a write failure ends it as failed, which marks the dump
+        incomplete."""
         self._queue.put(_STOP)
         self._thread.join()
         try:
-            self._journal.end(self.records_written, self.error, notes)
+            self._journal.end(self.records_written, self.error or error, notes)
         except OSError as exc:
             self._report(f"cannot finish the manifest ({exc.strerror}); the dump stays incomplete")
 

@@ -17,7 +17,7 @@
       attn.q_rope: applied in a function
 
 Records no rule matches are listed as unmapped in the report. The file is read with
-``yaml.safe_load``.
+the bounded safe loader of :mod:`tdiff.bounded_yaml`.
 """
 
 from __future__ import annotations
@@ -26,13 +26,14 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from tdiff.align.adapters.base import Adapter, View
 from tdiff.align.boundaries import KINDS, LAYER_BOUNDARIES, kind_of
 from tdiff.align.canonical import Piece
 from tdiff.align.ops import Narrow, TokensFirst
+from tdiff import bounded_yaml
+from tdiff.bounded_yaml import brief
 from tdiff.errors import TdiffError
+from tdiff.store.files import read_regular
 
 LAYOUTS = ("bs", "sb", "t")
 _RULE_KEYS = {"module", "explicit", "role", "sub", "boundary", "layout", "slice", "shard", "kind"}
@@ -88,20 +89,19 @@ class MappingAdapter(Adapter):
 def load_mapping(path: str | Path) -> MappingAdapter:
     """Read and check a mapping file; every mistake is reported with the rule at fault."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise TdiffError(f"--mapping {path}: cannot read it ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        raise TdiffError(f"--mapping {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     where = f"--mapping {path}"
+    try:
+        text = read_regular(path, "mapping file").decode("utf-8")
+    except (TdiffError, UnicodeDecodeError) as exc:
+        raise TdiffError(f"--mapping {exc}") from None
+    data = bounded_yaml.load(text, where)
     if not isinstance(data, dict):
         raise TdiffError(f"{where}: expected a mapping with a 'rules' list")
     unknown = set(data) - _FILE_KEYS
     if unknown:
         raise TdiffError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; use {', '.join(sorted(_FILE_KEYS))}")
     if data.get("side") not in (None, "a", "b", "both"):
-        raise TdiffError(f"{where}: side must be a, b or both, not {data.get('side')!r}")
+        raise TdiffError(f"{where}: side must be a, b or both, not {brief(data.get('side'))}")
     default_layout = _layout(data.get("layout", "bs"), where)
     rules = data.get("rules")
     if not isinstance(rules, list) or not rules:
@@ -137,10 +137,10 @@ def _rule(rule, default_layout: str, where: str) -> MappingRule:
     kind = rule.get("kind") or (kind_of(f"layers.0.{boundary}") if has_layer and boundary in LAYER_BOUNDARIES
                                 else kind_of(boundary))
     if kind not in KINDS:
-        raise TdiffError(f"{where}: kind {kind!r} is not one of {', '.join(KINDS)}")
+        raise TdiffError(f"{where}: kind {brief(kind)} is not one of {', '.join(KINDS)}")
     role = rule.get("role", "output")
     if role not in ("input", "output"):
-        raise TdiffError(f"{where}: role must be input or output, not {role!r}")
+        raise TdiffError(f"{where}: role must be input or output, not {brief(role)}")
     sub = rule.get("sub")
     subs = (str(sub),) if sub is not None else ("", "0")
     window = rule.get("slice")
@@ -162,5 +162,5 @@ def _rule(rule, default_layout: str, where: str) -> MappingRule:
 def _layout(value, where: str) -> str:
     if value not in LAYOUTS:
         raise TdiffError(f"{where}: layout must be one of {', '.join(LAYOUTS)} "
-                         f"([batch, seq, ...], [seq, batch, ...], [tokens, ...]), not {value!r}")
+                         f"([batch, seq, ...], [seq, batch, ...], [tokens, ...]), not {brief(value)}")
     return value

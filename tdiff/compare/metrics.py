@@ -9,6 +9,8 @@ Rules:
   equal: +0 and -0 are 1 ULP apart. A NaN against anything with other bits has no ULP distance;
   such elements are counted in ``nan_mismatch`` and left out of max_ulp, max_abs, mean_abs and
   max_rel (two NaNs with different payloads count as a mismatch with zero difference).
+- Under a tolerance an element matches when |a-b| <= atol + rtol*max(|a|,|b|), the same whichever
+  side is A; +inf matches only +inf, -inf only -inf, NaN only NaN (any payload).
 - Integers and bool: the ULP distance is the integer difference.
 - Complex tensors are compared as their real view (real and imaginary parts side by side).
 
@@ -35,7 +37,9 @@ _SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64
 
 @dataclass(frozen=True)
 class Tolerance:
-    """The default is the bitwise verdict; with atol/rtol, |a-b| <= atol + rtol*|b| element-wise."""
+    """The default is the bitwise verdict. With atol/rtol an element matches when
+    |a-b| <= atol + rtol*max(|a|,|b|) (symmetric: swapping A and B never changes a verdict); an
+    infinity matches only the same infinity, and a NaN only a NaN (whatever its payload)."""
 
     atol: float | None = None
     rtol: float | None = None
@@ -253,23 +257,16 @@ class _Accumulator:
         if self.worst is None or largest > self.worst[0]:
             self.worst = (largest, offset + index, float(av[index]), float(bv[index]))
         self.max_abs = max(self.max_abs, largest)
-        scale = _workspace.array("scale", av.dtype, n)
-        magnitude_b = _workspace.array("magnitude", av.dtype, n)
-        np.abs(bv, out=magnitude_b)
-        np.maximum(np.abs(av, out=scale), magnitude_b, out=scale)
+        scale = _workspace.array("scale", av.dtype, n)   # max(|a|, |b|): symmetric in a and b
+        np.maximum(np.abs(av, out=scale), np.abs(bv, out=_workspace.array("magnitude", av.dtype, n)), out=scale)
+        if self.tolerance.exact:
+            self.outside += n_differs
+        else:
+            self.outside += self._outside_tolerance(av, bv, diff, scale, valid, one_nan)
         np.maximum(scale, np.finfo(scale.dtype).tiny, out=scale)
         with np.errstate(invalid="ignore"):
             np.divide(diff, scale, out=scale)
         self.max_rel = max(self.max_rel, float(np.nanmax(scale) if valid is not None else scale.max()))
-        if self.tolerance.exact:
-            self.outside += n_differs
-        else:
-            bound = np.multiply(magnitude_b, self.tolerance.rtol or 0.0, out=magnitude_b)
-            bound += self.tolerance.atol or 0.0
-            beyond = diff > bound
-            if valid is not None:
-                beyond = (beyond & valid) | one_nan
-            self.outside += int(np.count_nonzero(beyond))
         if self.float_ulp:
             if valid is None:
                 self.max_ulp = max(self.max_ulp, _max_ulp(bits_a, bits_b))
@@ -278,6 +275,21 @@ class _Accumulator:
                 self.max_ulp = max(self.max_ulp, _max_ulp(bits_a[counted], bits_b[counted]))
         elif self.int_ulp:
             self.max_ulp = max(self.max_ulp, int(largest))
+
+    def _outside_tolerance(self, av: np.ndarray, bv: np.ndarray, diff: np.ndarray, scale: np.ndarray,
+                           valid: np.ndarray | None, one_nan: np.ndarray | None) -> int:
+        """Elements with |a-b| > atol + rtol*max(|a|,|b|); an infinity matches only the same
+        infinity, a NaN only a NaN (``valid`` and ``one_nan`` are given where such values occur)."""
+        bound = _workspace.array("bound", scale.dtype, scale.size)
+        with np.errstate(invalid="ignore"):  # inf * 0: such elements are decided below
+            np.multiply(scale, self.tolerance.rtol or 0.0, out=bound)
+        bound += self.tolerance.atol or 0.0
+        beyond = diff > bound
+        if valid is not None:
+            # where one side is infinite the bound is infinite too: decide those by equality
+            unequal_infinity = (np.isinf(av) | np.isinf(bv)) & (av != bv)
+            beyond = ((beyond | unequal_infinity) & valid) | one_nan
+        return int(np.count_nonzero(beyond))
 
     def _add_bits_only(self, differs: np.ndarray, n_differs: int, offset: int) -> None:
         self.mismatched += n_differs

@@ -32,7 +32,7 @@ def render_bisect(result: BisectResult, console: Console) -> None:
         say(f"[bold red]diverged[/bold red]: {verb} at [bold]{escape(where)}[/bold] "
             f"({d.kind}{layer}), step {record.step} call {record.call}, event {d.event}")
         say(f"  {escape(d.description)}")
-        say(f"  first differing tensor {escape(d.name)}: {escape(describe(d.comparison))}")
+        say(f"  first differing tensor {escape(d.name)}: {escape(describe(d.comparison, result.tolerance))}")
         if result.trail:
             chain = " > ".join(f"{escape(t.module or '(model)')} (max ULP "
                                f"{fmt_number(t.comparison.metrics.max_ulp) if t.comparison.metrics else '-'})"

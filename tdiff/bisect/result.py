@@ -37,9 +37,11 @@ class Section(Protocol):
 def metrics_json(comparison: Comparison | None) -> dict:
     m = comparison.metrics if comparison is not None else None
     if m is None:
-        return {"max_abs": None, "max_ulp": None, "mismatch_fraction": None, "cosine": None}
+        return {"max_abs": None, "max_ulp": None, "mismatch_fraction": None, "outside_fraction": None,
+                "cosine": None}
     return {"max_abs": json_number(m.max_abs), "max_ulp": m.max_ulp,
-            "mismatch_fraction": json_number(m.mismatch_fraction), "cosine": json_number(m.cosine)}
+            "mismatch_fraction": json_number(m.mismatch_fraction),
+            "outside_fraction": json_number(m.outside_fraction), "cosine": json_number(m.cosine)}
 
 
 @dataclass

@@ -75,12 +75,17 @@ class TensorMetrics:
     def mismatch_fraction(self) -> float:
         return self.mismatched / self.numel if self.numel else 0.0
 
+    @property
+    def outside_fraction(self) -> float:
+        return self.outside_tolerance / self.numel if self.numel else 0.0
+
     def within(self, tolerance: Tolerance) -> bool:
         return self.bitwise_equal if tolerance.exact else self.outside_tolerance == 0
 
     def to_json(self) -> dict:
         out = asdict(self)
         out["mismatch_fraction"] = self.mismatch_fraction
+        out["outside_fraction"] = self.outside_fraction
         out["worst_index"] = list(self.worst_index) if self.worst_index is not None else None
         return {k: json_number(v) for k, v in out.items()}
 
@@ -90,6 +95,16 @@ def json_number(value):
     if isinstance(value, float) and not math.isfinite(value):
         return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
     return value
+
+
+def beyond_tolerance(a: np.ndarray, b: np.ndarray, tolerance: Tolerance) -> np.ndarray:
+    """Where |a-b| > atol + rtol*max(|a|,|b|) (boolean, element-wise): the tolerance rule, symmetric
+    in a and b. An infinity is within only of the same infinity, a NaN only of a NaN."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        beyond = np.abs(a - b) > (tolerance.atol or 0.0) + (tolerance.rtol or 0.0) * np.maximum(np.abs(a), np.abs(b))
+        beyond |= (np.isinf(a) | np.isinf(b)) & (a != b)   # there the bound is infinite too
+    nan_a, nan_b = np.isnan(a), np.isnan(b)
+    return (beyond & ~(nan_a | nan_b)) | (nan_a ^ nan_b)
 
 
 def bits_of(t: torch.Tensor) -> torch.Tensor:
@@ -218,6 +233,7 @@ class _Accumulator:
             differs = np.ones(a.numel(), dtype=bool)
             n_differs = a.numel()
         av, bv = _values(a, self.wide, "a"), _values(b, self.wide, "b")
+        a_values, b_values = av, bv   # NaN is masked out of av and bv below
         if av is None or bv is None:
             self._add_bits_only(differs, n_differs, offset)
             return
@@ -262,7 +278,7 @@ class _Accumulator:
         if self.tolerance.exact:
             self.outside += n_differs
         else:
-            self.outside += self._outside_tolerance(av, bv, diff, scale, valid, one_nan)
+            self.outside += int(np.count_nonzero(beyond_tolerance(a_values, b_values, self.tolerance)))
         np.maximum(scale, np.finfo(scale.dtype).tiny, out=scale)
         with np.errstate(invalid="ignore"):
             np.divide(diff, scale, out=scale)
@@ -275,21 +291,6 @@ class _Accumulator:
                 self.max_ulp = max(self.max_ulp, _max_ulp(bits_a[counted], bits_b[counted]))
         elif self.int_ulp:
             self.max_ulp = max(self.max_ulp, int(largest))
-
-    def _outside_tolerance(self, av: np.ndarray, bv: np.ndarray, diff: np.ndarray, scale: np.ndarray,
-                           valid: np.ndarray | None, one_nan: np.ndarray | None) -> int:
-        """Elements with |a-b| > atol + rtol*max(|a|,|b|); an infinity matches only the same
-        infinity, a NaN only a NaN (``valid`` and ``one_nan`` are given where such values occur)."""
-        bound = _workspace.array("bound", scale.dtype, scale.size)
-        with np.errstate(invalid="ignore"):  # inf * 0: such elements are decided below
-            np.multiply(scale, self.tolerance.rtol or 0.0, out=bound)
-        bound += self.tolerance.atol or 0.0
-        beyond = diff > bound
-        if valid is not None:
-            # where one side is infinite the bound is infinite too: decide those by equality
-            unequal_infinity = (np.isinf(av) | np.isinf(bv)) & (av != bv)
-            beyond = ((beyond | unequal_infinity) & valid) | one_nan
-        return int(np.count_nonzero(beyond))
 
     def _add_bits_only(self, differs: np.ndarray, n_differs: int, offset: int) -> None:
         self.mismatched += n_differs

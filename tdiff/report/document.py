@@ -105,7 +105,7 @@ def headline(report: Report) -> tuple:
     where += [f"kind {c.kind}"] if c.kind else []
     where += [f"step {c.record.step} call {c.record.call}"] + ([f"rank {c.record.rank}"] if c.record.rank else [])
     return (Strong("Diverged:"), " first divergence at ", Code(c.name), f" ({', '.join(where)}, boundary ",
-            Code(culprit.boundary), f"): {describe(c)}.")
+            Code(culprit.boundary), f"): {describe(c, report.tolerance)}.")
 
 
 def counts_line(report: Report) -> str:
@@ -142,10 +142,11 @@ def layer_table(report: Report) -> Table:
                      *metric_cells(out)])
         severity.append((row.layer == first_layer and row.layer is not None, row.diverged > 0,
                          *out.severity()[1:]))
+    count = count_column(report)
     return Table("layers", "Error by layer", ["layer", "tensors differ", "first differing boundary",
-                                              "mismatch", "max abs", "max ULP"], rows,
+                                              count, "max abs", "max ULP"], rows,
                  numeric=frozenset({1, 3, 4, 5}), priority=_by(severity),
-                 note="mismatch, max abs and max ULP of the layer's output (outside the layers: of the "
+                 note=f"{count}, max abs and max ULP of the layer's output (outside the layers: of the "
                       "last boundary)")
 
 
@@ -159,7 +160,7 @@ def boundary_table(report: Report) -> Table:
                      differ_cell(row), *metric_cells(row)])
         severity.append((is_first, *row.severity()))
     return Table("boundaries", f"All boundaries ({len(rows):,})",
-                 ["layer", "boundary", "kind", "tensors differ", "mismatch", "max abs", "max ULP"], rows,
+                 ["layer", "boundary", "kind", "tensors differ", count_column(report), "max abs", "max ULP"], rows,
                  numeric=frozenset({3, 4, 5, 6}), priority=_by(severity), folded=True)
 
 
@@ -171,11 +172,11 @@ def diverged_table(report: Report) -> Table:
         m = c.metrics
         status: Inline = (Strong(c.status), " ◀ first") if c is first else c.status
         rows.append([str(index), Code(c.name), c.record.role, f"{c.record.step}:{c.record.call}", status,
-                     _percent(m.mismatch_fraction) if m else "-", fmt_number(m.max_abs) if m else "-",
+                     _percent(m.outside_fraction) if m else "-", fmt_number(m.max_abs) if m else "-",
                      fmt_number(m.max_ulp) if m else "-", f"{m.cosine:.6f}" if m else "-"])
         severity.append((c is first, float(m.max_ulp or 0) if m else 0.0, m.max_abs if m else 0.0))
     return Table("tensors", f"Diverged tensors ({len(rows):,}), in execution order",
-                 ["#", "tensor", "role", "step:call", "status", "mismatch", "max abs", "max ULP", "cosine"],
+                 ["#", "tensor", "role", "step:call", "status", count_column(report), "max abs", "max ULP", "cosine"],
                  rows, numeric=frozenset({0, 5, 6, 7, 8}), priority=_by(severity), folded=True)
 
 
@@ -223,7 +224,8 @@ def bisect_blocks(result: dict) -> list[Block]:
             ["module (A)", Code(str(found["module"])) if found.get("module") else "-"],
             ["module (B)", Code(str(found["module_b"])) if found.get("module_b") else "-"],
             ["event", str(found.get("event", "-"))], ["kind", str(found.get("kind") or "-")],
-            ["mismatch", _percent(metrics.get("mismatch_fraction"))],
+            ["mismatch" if result.get("tolerance", "bitwise") == "bitwise" else "outside tolerance",
+             _percent(metrics.get("outside_fraction", metrics.get("mismatch_fraction")))],
             ["max abs", fmt_number(metrics.get("max_abs"))], ["max ULP", fmt_number(metrics.get("max_ulp"))],
             ["cosine", fmt_number(metrics.get("cosine"), 9)]]
     trail = result.get("trail") or []
@@ -261,7 +263,12 @@ def _trial_cells(trial: dict) -> list[Inline]:
 
 # ---- cells ----
 def metric_cells(row: BoundaryRow) -> list[str]:
-    return [_percent(row.mismatch_fraction), fmt_number(row.max_abs), fmt_number(row.max_ulp)]
+    return [_percent(row.outside_fraction), fmt_number(row.max_abs), fmt_number(row.max_ulp)]
+
+
+def count_column(report: Report) -> str:
+    """The share of elements that fail the verdict: bits that differ, or values outside the tolerance."""
+    return "mismatch" if report.tolerance == "bitwise" else "outside tolerance"
 
 
 def differ_cell(row: BoundaryRow) -> str:

@@ -102,7 +102,8 @@ def test_a_budget_too_small_for_any_region_reports_the_stats_verdict_without_met
                        expect=1)
     d = report["first_divergence"]
     assert (d["module"], d["kind"]) == ("model.layers.1.post_attention_layernorm", "norm")
-    assert d["metrics"] == {"max_abs": None, "max_ulp": None, "mismatch_fraction": None, "cosine": None}
+    assert d["metrics"] == {"max_abs": None, "max_ulp": None, "mismatch_fraction": None, "outside_fraction": None,
+                            "cosine": None}
     assert "fingerprints differ" in d["reason"]
     assert any("larger than --budget-gb" in note for note in report["notes"])
     assert (report["runs"]["a"], report["runs"]["b"]) == (1, 1)

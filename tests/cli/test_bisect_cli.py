@@ -31,7 +31,7 @@ def test_json_keeps_the_contract_and_the_exit_code_says_diverged(dumps):
     assert report["status"] == "diverged"
     first = report["first_divergence"]
     assert CONTRACT <= set(first)
-    assert set(first["metrics"]) == {"max_abs", "max_ulp", "mismatch_fraction", "cosine"}
+    assert set(first["metrics"]) == {"max_abs", "max_ulp", "mismatch_fraction", "outside_fraction", "cosine"}
     assert (first["module"], first["module_b"], first["layer"], first["kind"], first["step"],
             first["event"], first["introduced"]) == (
         "model.layers.1.post_attention_layernorm", "model.layers.1.post_attention_layernorm", 1, "norm", 0,

@@ -37,6 +37,12 @@ class Dump:
     def complete(self) -> bool:
         return not self.problems
 
+    def check_shards(self) -> None:
+        """Open every shard a record points at: a truncated or damaged shard is refused before
+        any verdict, also by commands that judge by fingerprints alone (bisect's stats pass)."""
+        for file in sorted({r.file for r in self.records if r.file is not None}):
+            self._shard(file)
+
     @property
     def side(self) -> str:
         return str(self.info.get("side") or self.path.name)
@@ -113,6 +119,7 @@ def _checked(dump: Dump, allow_incomplete: bool) -> Dump:
     if not records:
         raise DumpError(f"{path}: dump has no tensors; check the capture's --select/--layers and that "
                         "the command ran a model")
+    dump.check_shards()
     return dump
 
 

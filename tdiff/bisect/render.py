@@ -21,7 +21,10 @@ def render_bisect(result: BisectResult, console: Console) -> None:
         say(f"repeats: {len(repeats.runs)} runs against {repeats.reference}; "
             f"not bitwise repeatable: {', '.join(repeats.differing) or 'none'}")
     d = result.first_divergence
-    if d is None:
+    if d is None and result.missing:
+        say(f"[bold red]diverged[/bold red]: {result.missing:,} tensor(s) are missing on one side (see the note); "
+            f"the {result.checked:,} events compared on both sides are equal ({result.tolerance}), so no op is named")
+    elif d is None:
         say(f"[green]match[/green]: all {result.checked:,} events compared are equal "
             f"({result.tolerance})")
     else:

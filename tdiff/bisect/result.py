@@ -103,14 +103,16 @@ class BisectResult:
     graft: Section | None = None
     repeats: Section | None = None
     trials: Section | None = None   # `--try`: candidate fixes for the culprit (tdiff.source_patcher)
+    missing: int = 0                # tensors an incomplete dump lacks on one side (not compared; in notes)
 
     @property
     def status(self) -> str:
-        return "match" if self.first_divergence is None else "diverged"
+        # tensors missing on one side differ, as compare counts them, though no op can be named
+        return "match" if self.first_divergence is None and not self.missing else "diverged"
 
     @property
     def exit_code(self) -> int:
-        return 0 if self.first_divergence is None else 1
+        return 0 if self.status == "match" else 1
 
     def to_json(self) -> dict:
         out = {"status": self.status,

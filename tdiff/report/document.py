@@ -209,6 +209,10 @@ def bisect_blocks(result: dict) -> list[Block]:
     checked = result.get("checked")
     events = f"{checked:,} events checked" if isinstance(checked, int) else "events checked: unknown"
     found = result.get("first_divergence")
+    if result.get("status") == "diverged" and not found:  # only tensors missing from an incomplete dump
+        notes = [str(n) for n in result.get("notes") or []]
+        return [Paragraph((Strong("Diverged:"), f" every event compared on both sides matches ({events}), "
+                           "but tensors are missing on one side, so no op is named. ", *notes[-1:]))]
     if result.get("status") == "match" or not found:
         return [Paragraph((Strong("Match:"), f" bisect found no divergence ({events})."))]
     introduced = found.get("introduced")

@@ -104,7 +104,9 @@ def open_dump(path: str | Path, *, allow_incomplete: bool = False) -> Dump:
         problems.append(f"{len(missing)} tensor file(s) missing, first {DATA_DIR}/{missing[0]}")
         records = [r for r in records if r.file is None or r.file in present]
 
-    return _checked(Dump(path, info, parts, records, problems), allow_incomplete)
+    dump = _checked(Dump(path, info, parts, records, problems), allow_incomplete)
+    dump.check_shards()  # (an SGLang dumper directory's files were each read when it was indexed)
+    return dump
 
 
 def _checked(dump: Dump, allow_incomplete: bool) -> Dump:
@@ -119,7 +121,6 @@ def _checked(dump: Dump, allow_incomplete: bool) -> Dump:
     if not records:
         raise DumpError(f"{path}: dump has no tensors; check the capture's --select/--layers and that "
                         "the command ran a model")
-    dump.check_shards()
     return dump
 
 

@@ -186,6 +186,19 @@ def test_a_write_that_autograd_does_not_see_is_recorded_and_compares_as_diverged
     assert json.loads(result.stdout)["first_divergence"]["name"] == "logits"
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_tensor_recorded_again_is_stored_again_never_aliased(tmp_path):
+    # no device hash is strong enough yet to check a CUDA alias's bytes: each record is a copy
+    x = torch.ones(8, device="cuda")
+    with tdiff.capture(tmp_path / "d"):
+        tdiff.dump("before", x)
+        x.data.add_(1)
+        tdiff.dump("after", x)
+    dump = open_dump(tmp_path / "d")
+    assert [r.alias_of for r in dump.records] == [None, None]
+    assert [float(dump.load(r)[0]) for r in dump.records] == [1.0, 2.0]
+
+
 def test_select_exclude_layers_and_steps_filter_what_is_recorded(tmp_path):
     model = tiny_qwen2()
     with torch.no_grad(), tdiff.capture(tmp_path / "d", select=["mlp"], exclude=["act_fn"], layers="1",

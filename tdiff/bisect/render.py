@@ -23,7 +23,10 @@ def render_bisect(result: BisectResult, console: Console) -> None:
         say(f"repeats: {len(repeats.runs)} runs against {repeats.reference}; "
             f"not bitwise repeatable: {escape(', '.join(repeats.differing)) or 'none'}")
     d = result.first_divergence
-    if d is None:
+    if d is None and result.missing:
+        say(f"[bold red]diverged[/bold red]: {result.missing:,} tensor(s) are missing on one side (see the note); "
+            f"the {result.checked:,} events compared on both sides are equal ({result.tolerance}), so no op is named")
+    elif d is None:
         say(f"[green]match[/green]: all {result.checked:,} events compared are equal "
             f"({result.tolerance})")
     else:
@@ -34,7 +37,7 @@ def render_bisect(result: BisectResult, console: Console) -> None:
         say(f"[bold red]diverged[/bold red]: {verb} at [bold]{escape(where)}[/bold] "
             f"({d.kind}{layer}), step {record.step} call {record.call}, event {d.event}")
         say(f"  {escape(d.description)}")
-        say(f"  first differing tensor {escape(d.name)}: {escape(describe(d.comparison))}")
+        say(f"  first differing tensor {escape(d.name)}: {escape(describe(d.comparison, result.tolerance))}")
         if result.trail:
             chain = " > ".join(f"{escape(t.module or '(model)')} (ULP at scale "
                                f"{fmt_number(t.comparison.metrics.max_ulp_at_scale) if t.comparison.metrics else '-'})"

@@ -38,10 +38,11 @@ def metrics_json(comparison: Comparison | None) -> dict:
     m = comparison.metrics if comparison is not None else None
     if m is None:
         return {"max_abs": None, "max_ulp": None, "max_ulp_at_scale": None, "mismatch_fraction": None,
-                "cosine": None}
+                "outside_fraction": None, "cosine": None}
     return {"max_abs": json_number(m.max_abs), "max_ulp": m.max_ulp,
             "max_ulp_at_scale": json_number(m.max_ulp_at_scale),
-            "mismatch_fraction": json_number(m.mismatch_fraction), "cosine": json_number(m.cosine)}
+            "mismatch_fraction": json_number(m.mismatch_fraction),
+            "outside_fraction": json_number(m.outside_fraction), "cosine": json_number(m.cosine)}
 
 
 @dataclass
@@ -113,14 +114,16 @@ class BisectResult:
     graft: Section | None = None
     repeats: Section | None = None
     trials: Section | None = None   # `--try`: candidate fixes for the culprit (tdiff.source_patcher)
+    missing: int = 0                # tensors an incomplete dump lacks on one side (not compared; in notes)
 
     @property
     def status(self) -> str:
-        return "match" if self.first_divergence is None else "diverged"
+        # tensors missing on one side differ, as compare counts them, though no op can be named
+        return "match" if self.first_divergence is None and not self.missing else "diverged"
 
     @property
     def exit_code(self) -> int:
-        return 0 if self.first_divergence is None else 1
+        return 0 if self.status == "match" else 1
 
     def to_json(self) -> dict:
         out = {"status": self.status,

@@ -42,6 +42,11 @@ def bisect_dumps(dump_a: Dump | str | Path, dump_b: Dump | str | Path, *,
     """
     a, b = _opened(dump_a, allow_incomplete), _opened(dump_b, allow_incomplete)
     pairs = (pairing or NamePairing()).pair(a, b)
+    missing = []
+    if a.problems or b.problems:
+        # an incomplete dump lacks records: those are missing, not where the runs part
+        missing = [p for p in pairs if p.a is None or p.b is None]
+        pairs = [p for p in pairs if p.a is not None and p.b is not None]
     if not any(p.a is not None and p.b is not None for p in pairs):
         raise TdiffError(f"{a.path} and {b.path} have no tensor in common to compare; "
                          "are they captures of the same program (or is a name mapping needed)?")
@@ -53,7 +58,8 @@ def bisect_dumps(dump_a: Dump | str | Path, dump_b: Dump | str | Path, *,
             found.append((first[1].record.step, stream.key[0], stream, *first))
     result = BisectResult(first_divergence=None, checked=comparator.compared,
                           tolerance=tolerance.describe(),
-                          sides={"a": str(a.path), "b": str(b.path)}, notes=_notes(a, b))
+                          sides={"a": str(a.path), "b": str(b.path)}, notes=_notes(a, b) + _missing_notes(missing),
+                          missing=len(missing))
     if found:
         _, _, stream, index, comparison = min(found, key=lambda f: f[:2])
         result.first_divergence, result.trail = _locate(stream, index, comparison, comparator)
@@ -69,6 +75,14 @@ def _notes(a: Dump, b: Dump) -> list[str]:
             "different runs to bisect"] if a.is_same_dump(b) else []
     return same + [f"side {label} is incomplete: {problem}"
                    for label, dump in (("A", a), ("B", b)) for problem in dump.problems]
+
+
+def _missing_notes(missing: list[Pair]) -> list[str]:
+    if not missing:
+        return []
+    first = missing[0]
+    return [f"{len(missing):,} tensor(s) captured on one side only were not compared (an incomplete dump "
+            f"lacks them), first {first.name} (side {'A' if first.b is None else 'B'} only)"]
 
 
 def _first_divergent(stream: Stream, comparator: EventComparator) -> tuple[int, Comparison] | None:

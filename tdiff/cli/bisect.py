@@ -38,7 +38,9 @@ GIB = 1 << 30
               help="Online and --graft: keep the runs' captures and logs in this new directory "
                    "(default: a temporary one, removed at the end).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-@click.option("--allow-incomplete", is_flag=True, help="Bisect what an incomplete dump holds.")
+@click.option("--allow-incomplete", is_flag=True,
+              help="Bisect what an incomplete dump holds; tensors it lacks are reported missing, never named "
+                   "as the culprit.")
 @click.option("--mapping", type=click.Path(dir_okay=False), metavar="FILE",
               help="YAML mapping of module paths to canonical boundaries, for models no adapter knows.")
 @quiet_option

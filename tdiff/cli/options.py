@@ -15,7 +15,9 @@ _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*", re.IGNORECASE)
 
 
 def tolerance_options(command):
-    command = click.option("--rtol", type=float, help="Relative tolerance: |a-b| <= atol + rtol*|b|.")(command)
+    command = click.option("--rtol", type=float, help=(
+        "Relative tolerance: an element matches when |a-b| <= atol + rtol*max(|a|,|b|) (the same "
+        "with A and B swapped); an infinity matches only itself, NaN only NaN."))(command)
     command = click.option("--atol", type=float, help="Absolute tolerance (relaxes the bitwise verdict).")(command)
     command = click.option("--exact", is_flag=True, help="Bitwise verdict (the default).")(command)
     return command

@@ -9,6 +9,8 @@ Rules:
   equal: +0 and -0 are 1 ULP apart. A NaN against anything with other bits has no ULP distance;
   such elements are counted in ``nan_mismatch`` and left out of max_ulp, max_abs, mean_abs and
   max_rel (two NaNs with different payloads count as a mismatch with zero difference).
+- Under a tolerance an element matches when |a-b| <= atol + rtol*max(|a|,|b|), the same whichever
+  side is A; +inf matches only +inf, -inf only -inf, NaN only NaN (any payload).
 - Integers and bool: the ULP distance is the integer difference.
 - ULP at scale: max |a-b| in units of the ULP at the tensor's largest magnitude (max |x| over the
   finite elements of both sides), ``max_abs / ulp(max|x|)``. Raw ULP counts every representable
@@ -40,7 +42,9 @@ _SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64
 
 @dataclass(frozen=True)
 class Tolerance:
-    """The default is the bitwise verdict; with atol/rtol, |a-b| <= atol + rtol*|b| element-wise."""
+    """The default is the bitwise verdict. With atol/rtol an element matches when
+    |a-b| <= atol + rtol*max(|a|,|b|) (symmetric: swapping A and B never changes a verdict); an
+    infinity matches only the same infinity, and a NaN only a NaN (whatever its payload)."""
 
     atol: float | None = None
     rtol: float | None = None
@@ -77,12 +81,17 @@ class TensorMetrics:
     def mismatch_fraction(self) -> float:
         return self.mismatched / self.numel if self.numel else 0.0
 
+    @property
+    def outside_fraction(self) -> float:
+        return self.outside_tolerance / self.numel if self.numel else 0.0
+
     def within(self, tolerance: Tolerance) -> bool:
         return self.bitwise_equal if tolerance.exact else self.outside_tolerance == 0
 
     def to_json(self) -> dict:
         out = asdict(self)
         out["mismatch_fraction"] = self.mismatch_fraction
+        out["outside_fraction"] = self.outside_fraction
         out["worst_index"] = list(self.worst_index) if self.worst_index is not None else None
         return {k: json_number(v) for k, v in out.items()}
 
@@ -101,6 +110,16 @@ def ulp_at(magnitude: float, dtype: torch.dtype) -> float:
     if magnitude < info.tiny:
         return info.tiny * info.eps
     return math.ldexp(info.eps, math.frexp(magnitude)[1] - 1)
+
+
+def beyond_tolerance(a: np.ndarray, b: np.ndarray, tolerance: Tolerance) -> np.ndarray:
+    """Where |a-b| > atol + rtol*max(|a|,|b|) (boolean, element-wise): the tolerance rule, symmetric
+    in a and b. An infinity is within only of the same infinity, a NaN only of a NaN."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        beyond = np.abs(a - b) > (tolerance.atol or 0.0) + (tolerance.rtol or 0.0) * np.maximum(np.abs(a), np.abs(b))
+        beyond |= (np.isinf(a) | np.isinf(b)) & (a != b)   # there the bound is infinite too
+    nan_a, nan_b = np.isnan(a), np.isnan(b)
+    return (beyond & ~(nan_a | nan_b)) | (nan_a ^ nan_b)
 
 
 def bits_of(t: torch.Tensor) -> torch.Tensor:
@@ -242,6 +261,7 @@ class _Accumulator:
             differs = np.ones(a.numel(), dtype=bool)
             n_differs = a.numel()
         av, bv = _values(a, self.wide, "a"), _values(b, self.wide, "b")
+        a_values, b_values = av, bv   # NaN is masked out of av and bv below
         if av is None or bv is None:
             self._add_bits_only(differs, n_differs, offset)
             return
@@ -283,23 +303,16 @@ class _Accumulator:
         if self.worst is None or largest > self.worst[0]:
             self.worst = (largest, offset + index, float(av[index]), float(bv[index]))
         self.max_abs = max(self.max_abs, largest)
-        scale = _workspace.array("scale", av.dtype, n)
-        magnitude_b = _workspace.array("magnitude", av.dtype, n)
-        np.abs(bv, out=magnitude_b)
-        np.maximum(np.abs(av, out=scale), magnitude_b, out=scale)
+        scale = _workspace.array("scale", av.dtype, n)   # max(|a|, |b|): symmetric in a and b
+        np.maximum(np.abs(av, out=scale), np.abs(bv, out=_workspace.array("magnitude", av.dtype, n)), out=scale)
+        if self.tolerance.exact:
+            self.outside += n_differs
+        else:
+            self.outside += int(np.count_nonzero(beyond_tolerance(a_values, b_values, self.tolerance)))
         np.maximum(scale, np.finfo(scale.dtype).tiny, out=scale)
         with np.errstate(invalid="ignore"):
             np.divide(diff, scale, out=scale)
         self.max_rel = max(self.max_rel, float(np.nanmax(scale) if valid is not None else scale.max()))
-        if self.tolerance.exact:
-            self.outside += n_differs
-        else:
-            bound = np.multiply(magnitude_b, self.tolerance.rtol or 0.0, out=magnitude_b)
-            bound += self.tolerance.atol or 0.0
-            beyond = diff > bound
-            if valid is not None:
-                beyond = (beyond & valid) | one_nan
-            self.outside += int(np.count_nonzero(beyond))
         if self.float_ulp:
             if valid is None:
                 self.max_ulp = max(self.max_ulp, _max_ulp(bits_a, bits_b))

@@ -28,6 +28,7 @@ import torch
 
 import tdiff
 from tdiff.store.dtypes import dtype_name
+from tdiff.store.fingerprint import xxh3_fingerprint
 from tdiff.store.manifest import create_dump, new_part_id
 from tdiff.store.record import Record
 from tdiff.store.storage import STORAGES
@@ -53,6 +54,17 @@ class _Frame:
         self.annotator = annotator   # the framework whose annotator describes this call's records
         self.layer = layer           # the decoder layer this call belongs to (tdiff.hooks.selection.call_layer)
         self.compiled = compiled     # a torch.compile'd module: what it calls runs as compiled code
+
+
+class _Seen:
+    """A stored record of a tensor object, for the records of that object that may follow."""
+
+    __slots__ = ("tensor", "version", "seq", "stored", "fingerprint")
+
+    def __init__(self, tensor, version, seq, stored, fingerprint):
+        self.tensor, self.version, self.seq = tensor, version, seq   # weak reference, _version, record
+        self.stored = stored              # weak reference to the host copy the writer holds (full mode)
+        self.fingerprint = fingerprint    # XXH3 of the bytes stored or summarised (computed when needed)
 
 
 class Capture:
@@ -89,7 +101,7 @@ class Capture:
         self._paths = ModulePaths()
         self._call_layers: dict[tuple, tuple[int | None, int | None]] = {}
         self._local = threading.local()
-        self._aliases: dict[int, tuple] = {}
+        self._aliases: dict[int, _Seen] = {}
         self._rank: int | None = None
         self._rank_known = False   # torch.distributed gave it: it cannot change any more
         self._summaries = Summarizer()
@@ -268,7 +280,7 @@ class Capture:
         module_path, module, parent, depth, annotator, counter, layer = where
         graph = self._graphs.capturing()
         seq = next(self._seq)
-        alias_of = self._alias_of(tensor, seq) if graph is None else None
+        original = tensor
         tensor = tensor.detach()
         if self._batch_size and tensor.dim() and tensor.shape[0] == self._batch_size:
             tensor = tensor[self.batch_row:self.batch_row + 1]
@@ -276,6 +288,7 @@ class Capture:
             tensor = tensor.int_repr()
         if tensor.is_conj() or tensor.is_neg():
             tensor = tensor.resolve_conj().resolve_neg()
+        alias_of = self._alias_of(original, tensor) if graph is None else None
         record = Record(
             seq=seq, name=name, module=module_path, role=role, step=self.step_index, call=call,
             rank=self._current_rank(), dtype=dtype_name(tensor.dtype), shape=tuple(tensor.shape),
@@ -289,22 +302,48 @@ class Capture:
             self.writer.submit(Pending(record=record))
         elif self.mode == "full":
             host, ready = host_copy(tensor)
-            self.writer.submit(Pending(record=record, data=host.view(tensor.dtype).reshape(tensor.shape),
-                                       ready=ready, nbytes=host.numel()))
+            data = host.view(tensor.dtype).reshape(tensor.shape)
+            self.writer.submit(Pending(record=record, data=data, ready=ready, nbytes=host.numel()))
+            self._remember(original, seq, tensor, stored=data)
         else:
-            self.writer.submit(Pending(record=record, summary=self._summaries.summarize(tensor)))
+            summary = self._summaries.summarize(tensor)
+            self.writer.submit(Pending(record=record, summary=summary))
+            if tensor.device.type == "cpu":  # a host summary is complete at once: no wait
+                self._remember(original, seq, tensor, fingerprint=summary.resolve(record)[1])
 
-    def _alias_of(self, tensor: torch.Tensor, seq: int) -> int | None:
-        """The seq of an earlier record of this very tensor object, unchanged since (same version)."""
-        if tensor.is_inference():
-            return None  # inference tensors carry no version counter: always store a copy
-        key = id(tensor)
-        seen = self._aliases.get(key)
-        if seen is not None and seen[0]() is tensor and seen[1] == tensor._version:
-            return seen[2]
+    def _alias_of(self, original: torch.Tensor, tensor: torch.Tensor) -> int | None:
+        """The seq of an earlier record of this very tensor object whose stored bytes are still its
+        bytes (``tensor`` is ``original`` as it is recorded).
+
+        Identity and autograd's version counter only nominate the earlier record: a write through
+        ``.data``, a numpy or DLPack view or a raw pointer (Triton) leaves the version as it was,
+        so the bytes are checked too: their XXH3 fingerprint against that of the host copy stored
+        then (while the writer still holds it) or, in stats mode, of the bytes summarised then."""
+        seen = self._aliases.get(id(original))
+        if seen is None or seen.tensor() is not original or seen.version != original._version:
+            return None
+        if seen.fingerprint is None:  # full mode: hash the copy stored then, once
+            stored = seen.stored()
+            if stored is None:
+                return None
+            seen.fingerprint = xxh3_fingerprint(stored)
+        # XXH3-128 reads each byte once, at memory speed (a byte-by-byte comparison is slower)
+        if seen.fingerprint != xxh3_fingerprint(tensor):
+            return None
+        return seen.seq
+
+    def _remember(self, original: torch.Tensor, seq: int, tensor: torch.Tensor, *,
+                  stored: torch.Tensor | None = None, fingerprint: str | None = None) -> None:
+        """Note a stored record for later records of the same tensor object. Inference tensors
+        carry no version counter, and a CUDA tensor's bytes could only be checked with a device
+        hash strong enough to trust (wsum64 collides): those are always stored again."""
+        if original.is_inference() or tensor.device.type != "cpu":
+            return
+        key = id(original)
         aliases = self._aliases
-        aliases[key] = (weakref.ref(tensor, lambda _, k=key: aliases.pop(k, None)), tensor._version, seq)
-        return None
+        # the weak reference to the stored copy dies once the writer has written its shard
+        aliases[key] = _Seen(weakref.ref(original, lambda _, k=key: aliases.pop(k, None)), original._version,
+                             seq, weakref.ref(stored) if stored is not None else None, fingerprint)
 
     def _current_rank(self) -> int:
         """torch.distributed's rank once it is initialised (then fixed), before that $RANK.

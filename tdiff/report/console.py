@@ -44,13 +44,18 @@ def fmt_number(value, digits: int = 3) -> str:
     return f"{value:.{digits}g}" if abs(value) >= 1e-3 and abs(value) < 1e4 else f"{value:.{digits - 1}e}"
 
 
-def describe(c: Comparison) -> str:
-    """One line for one result: what differs and by how much."""
+def describe(c: Comparison, tolerance: str = "bitwise") -> str:
+    """One line for one result: what differs and by how much. ``tolerance`` is the verdict's
+    (``Tolerance.describe()``): under a tolerance the elements outside it are counted."""
     if c.metrics is None:
         return c.reason or c.status
     m = c.metrics
-    text = (f"{m.mismatched:,}/{m.numel:,} elements differ ({100 * m.mismatch_fraction:.3g}%), "
-            f"max abs {fmt_number(m.max_abs)}, ULP at scale {fmt_number(m.max_ulp_at_scale)} "
+    if tolerance == "bitwise":
+        count = f"{m.mismatched:,}/{m.numel:,} elements differ ({100 * m.mismatch_fraction:.3g}%)"
+    else:
+        count = (f"{m.outside_tolerance:,}/{m.numel:,} elements outside {tolerance} "
+                 f"({100 * m.outside_fraction:.3g}%; {m.mismatched:,} differ bitwise)")
+    text = (f"{count}, max abs {fmt_number(m.max_abs)}, ULP at scale {fmt_number(m.max_ulp_at_scale)} "
             f"(raw max ULP {fmt_number(m.max_ulp)}), cosine {m.cosine:.9f}")
     if m.worst_index is not None:
         text += f", worst at {list(m.worst_index)}: {m.worst_a!r} vs {m.worst_b!r}"
@@ -61,11 +66,13 @@ def render_compare(report: CompareReport, console: Console, top: int | None = No
     comparisons = report.comparisons
     first = report.first_divergence
     shown = _rows_to_show(comparisons, first, top)
-    table = Table(title=Text(printable(f"{report.a.side} vs {report.b.side} ({report.options.tolerance.describe()})")),
+    tolerance = report.options.tolerance
+    table = Table(title=Text(printable(f"{report.a.side} vs {report.b.side} ({tolerance.describe()})")),
                   title_justify="left", show_lines=False)
     table.add_column("#", justify="right", no_wrap=True)
     table.add_column("tensor", overflow="fold", min_width=24, ratio=1)
-    for column in ("role", "step:call", "status", "mismatch", "max abs", "ULP at scale", "cosine"):
+    count_column = "mismatch" if tolerance.exact else "outside tol."
+    for column in ("role", "step:call", "status", count_column, "max abs", "ULP at scale", "cosine"):
         table.add_column(column, justify="left" if column in ("role", "status") else "right", no_wrap=True)
     for index in shown:
         c = comparisons[index]
@@ -74,7 +81,7 @@ def render_compare(report: CompareReport, console: Console, top: int | None = No
         style = "bold red" if c is first else ("red" if c.diverged else "")
         status = Text(c.status + (" <- first" if c is first else ""), style=style or "green")
         table.add_row(str(index), Text(printable(c.name)), r.role, f"{r.step}:{r.call}", status,
-                      f"{100 * m.mismatch_fraction:.3g}%" if m else "",
+                      f"{100 * (m.mismatch_fraction if tolerance.exact else m.outside_fraction):.3g}%" if m else "",
                       fmt_number(m.max_abs) if m else "", fmt_number(m.max_ulp_at_scale) if m else "",
                       f"{m.cosine:.6f}" if m else "", style=style)
     console.print(table)
@@ -99,7 +106,8 @@ def summary_line(report: CompareReport) -> str:
     diverged = counts["compared"] - counts["match"]
     where = f" (module {first.record.module or '(model)'}, {first.record.role})" if first.record.role != "explicit" else ""
     return (f"diverged: {diverged} of {counts['compared']} tensors differ; first: {first.name}{where} "
-            f"step {first.record.step} call {first.record.call}: {describe(first)}")
+            f"step {first.record.step} call {first.record.call}: "
+            f"{describe(first, report.options.tolerance.describe())}")
 
 
 def _rows_to_show(comparisons: list[Comparison], first: Comparison | None, top: int | None) -> list[int]:

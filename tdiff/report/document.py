@@ -109,7 +109,7 @@ def headline(report: Report) -> tuple:
     where += [f"kind {c.boundary_kind}"]
     where += [f"step {c.record.step} call {c.record.call}"] + ([f"rank {c.record.rank}"] if c.record.rank else [])
     return (Strong("Diverged:"), " first divergence at ", Code(c.name), f" ({', '.join(where)}, boundary ",
-            Code(culprit.boundary), f"): {describe(c)}.")
+            Code(culprit.boundary), f"): {describe(c, report.tolerance)}.")
 
 
 def counts_line(report: Report) -> str:
@@ -146,10 +146,11 @@ def layer_table(report: Report) -> Table:
                      *metric_cells(out)])
         severity.append((row.layer == first_layer and row.layer is not None, row.diverged > 0,
                          *out.severity()[1:]))
+    count = count_column(report)
     return Table("layers", "Error by layer", ["layer", "tensors differ", "first differing boundary",
-                                              "mismatch", "max abs", "ULP at scale"], rows,
+                                              count, "max abs", "ULP at scale"], rows,
                  numeric=frozenset({1, 3, 4, 5}), priority=_by(severity),
-                 note="mismatch, max abs and ULP at scale of the layer's output (outside the layers: of the "
+                 note=f"{count}, max abs and ULP at scale of the layer's output (outside the layers: of the "
                       "last boundary)")
 
 
@@ -163,7 +164,7 @@ def boundary_table(report: Report) -> Table:
                      differ_cell(row), *metric_cells(row)])
         severity.append((is_first, *row.severity()))
     return Table("boundaries", f"All boundaries ({len(rows):,})",
-                 ["layer", "boundary", "kind", "tensors differ", "mismatch", "max abs", "ULP at scale"], rows,
+                 ["layer", "boundary", "kind", "tensors differ", count_column(report), "max abs", "ULP at scale"], rows,
                  numeric=frozenset({3, 4, 5, 6}), priority=_by(severity), folded=True)
 
 
@@ -175,12 +176,12 @@ def diverged_table(report: Report) -> Table:
         m = c.metrics
         status: Inline = (Strong(c.status), " ◀ first") if c is first else c.status
         rows.append([str(index), Code(c.name), c.boundary_kind, c.record.role, f"{c.record.step}:{c.record.call}",
-                     status, _percent(m.mismatch_fraction) if m else "-", fmt_number(m.max_abs) if m else "-",
+                     status, _percent(m.outside_fraction) if m else "-", fmt_number(m.max_abs) if m else "-",
                      fmt_number(m.max_ulp_at_scale) if m else "-", f"{m.cosine:.6f}" if m else "-"])
         severity.append((c is first, float(m.max_ulp_at_scale or 0) if m else 0.0, m.max_abs if m else 0.0))
     return Table("tensors", f"Diverged tensors ({len(rows):,}), in execution order",
-                 ["#", "tensor", "kind", "role", "step:call", "status", "mismatch", "max abs", "ULP at scale",
-                  "cosine"],
+                 ["#", "tensor", "kind", "role", "step:call", "status", count_column(report), "max abs",
+                  "ULP at scale", "cosine"],
                  rows, numeric=frozenset({0, 6, 7, 8, 9}), priority=_by(severity), folded=True)
 
 
@@ -213,6 +214,10 @@ def bisect_blocks(result: dict) -> list[Block]:
     checked = result.get("checked")
     events = f"{checked:,} events checked" if isinstance(checked, int) else "events checked: unknown"
     found = result.get("first_divergence")
+    if result.get("status") == "diverged" and not found:  # only tensors missing from an incomplete dump
+        notes = [str(n) for n in result.get("notes") or []]
+        return [Paragraph((Strong("Diverged:"), f" every event compared on both sides matches ({events}), "
+                           "but tensors are missing on one side, so no op is named. ", *notes[-1:]))]
     if result.get("status") == "match" or not found:
         return [Paragraph((Strong("Match:"), f" bisect found no divergence ({events})."))]
     introduced = found.get("introduced")
@@ -228,7 +233,8 @@ def bisect_blocks(result: dict) -> list[Block]:
             ["module (A)", Code(str(found["module"])) if found.get("module") else "-"],
             ["module (B)", Code(str(found["module_b"])) if found.get("module_b") else "-"],
             ["event", str(found.get("event", "-"))], ["kind", str(found.get("kind") or "-")],
-            ["mismatch", _percent(metrics.get("mismatch_fraction"))],
+            ["mismatch" if result.get("tolerance", "bitwise") == "bitwise" else "outside tolerance",
+             _percent(metrics.get("outside_fraction", metrics.get("mismatch_fraction")))],
             ["max abs", fmt_number(metrics.get("max_abs"))], ["max ULP", fmt_number(metrics.get("max_ulp"))],
             ["ULP at scale", fmt_number(metrics.get("max_ulp_at_scale"))],
             ["cosine", fmt_number(metrics.get("cosine"), 9)]]
@@ -267,7 +273,12 @@ def _trial_cells(trial: dict) -> list[Inline]:
 
 # ---- cells ----
 def metric_cells(row: BoundaryRow) -> list[str]:
-    return [_percent(row.mismatch_fraction), fmt_number(row.max_abs), fmt_number(row.max_ulp_at_scale)]
+    return [_percent(row.outside_fraction), fmt_number(row.max_abs), fmt_number(row.max_ulp_at_scale)]
+
+
+def count_column(report: Report) -> str:
+    """The share of elements that fail the verdict: bits that differ, or values outside the tolerance."""
+    return "mismatch" if report.tolerance == "bitwise" else "outside tolerance"
 
 
 def differ_cell(row: BoundaryRow) -> str:

@@ -77,7 +77,8 @@ class BoundaryRow:
     diverged: int = 0
     unmeasured: int = 0             # diverged tensors without element metrics (stats mode, one side only)
     numel: int = 0                  # elements measured
-    mismatched: int = 0
+    mismatched: int = 0             # elements whose bits differ
+    outside: int = 0                # elements outside the tolerance (= mismatched when bitwise)
     max_abs: float | None = None    # None: nothing measured
     max_ulp: int | None = None
     max_ulp_at_scale: float | None = None
@@ -86,6 +87,10 @@ class BoundaryRow:
     @property
     def mismatch_fraction(self) -> float | None:
         return self.mismatched / self.numel if self.numel else None
+
+    @property
+    def outside_fraction(self) -> float | None:
+        return self.outside / self.numel if self.numel else None
 
     def add(self, c: Comparison) -> None:
         self.tensors += 1
@@ -98,14 +103,15 @@ class BoundaryRow:
             if c.diverged:
                 self.unmeasured += 1
             else:  # equal fingerprints: every element matches
-                self._measure(c.record.numel, 0, 0.0, 0, 0.0)
+                self._measure(c.record.numel, 0, 0, 0.0, 0, 0.0)
             return
-        self._measure(m.numel, m.mismatched, m.max_abs, m.max_ulp, m.max_ulp_at_scale)
+        self._measure(m.numel, m.mismatched, m.outside_tolerance, m.max_abs, m.max_ulp, m.max_ulp_at_scale)
 
-    def _measure(self, numel: int, mismatched: int, max_abs: float, max_ulp: int | None,
+    def _measure(self, numel: int, mismatched: int, outside: int, max_abs: float, max_ulp: int | None,
                  at_scale: float | None) -> None:
         self.numel += numel
         self.mismatched += mismatched
+        self.outside += outside
         self.max_abs = max_abs if self.max_abs is None else max(self.max_abs, max_abs)
         if max_ulp is not None:
             self.max_ulp = max_ulp if self.max_ulp is None else max(self.max_ulp, max_ulp)
@@ -114,13 +120,14 @@ class BoundaryRow:
                                                                                        at_scale)
 
     def severity(self) -> tuple:
-        return (self.diverged > 0, self.max_ulp_at_scale or 0.0, self.max_abs or 0.0, self.mismatched)
+        return (self.diverged > 0, self.max_ulp_at_scale or 0.0, self.max_abs or 0.0, self.outside)
 
     def to_json(self) -> dict:
         return {"layer": self.layer, "boundary": self.boundary, "kind": self.kind,
                 "tensors": self.tensors, "diverged": self.diverged, "unmeasured": self.unmeasured,
                 "numel": self.numel, "mismatched": self.mismatched,
-                "mismatch_fraction": self.mismatch_fraction, "max_abs": json_number(self.max_abs),
+                "mismatch_fraction": self.mismatch_fraction, "outside_tolerance": self.outside,
+                "outside_fraction": self.outside_fraction, "max_abs": json_number(self.max_abs),
                 "max_ulp": self.max_ulp, "max_ulp_at_scale": json_number(self.max_ulp_at_scale),
                 "first_diverged": self.first.name if self.first else None}
 
@@ -215,7 +222,8 @@ def build_report(compare: CompareReport, *, pairing: Pairing | None = None, bise
     culprit = None
     if first is not None:
         layer, boundary = boundary_of(first)
-        tokens, note = culprit_token_errors(compare.a, compare.b, first, pairing or NamePairing())
+        tokens, note = culprit_token_errors(compare.a, compare.b, first, pairing or NamePairing(),
+                                            compare.options.tolerance)
         culprit = Culprit(first, layer, boundary, tokens, note)
     problems = [f"side {label} incomplete: {problem}"
                 for label, dump in (("A", compare.a), ("B", compare.b)) for problem in dump.problems]

@@ -87,7 +87,7 @@ def growth_svg(report: Report) -> str:
     series = _series(report)
     fig = _new_figure(13, 4.2)
     axes = fig.subplots(1, 3, sharex=True)
-    panels = (("mismatch fraction", lambda r: r.mismatch_fraction), ("max abs", lambda r: r.max_abs),
+    panels = (("mismatch fraction", lambda r: r.outside_fraction), ("max abs", lambda r: r.max_abs),
               ("ULP at scale", lambda r: r.max_ulp_at_scale))
     culprit_layer = report.culprit.layer if report.culprit else None
     for ax, (title, metric) in zip(axes, panels):
@@ -153,10 +153,10 @@ def heatmap_svg(report: Report) -> str:
         if row.layer is None or row.boundary not in row_of:
             continue
         i, j = row_of[row.boundary], column[row.layer]
-        if row.unmeasured and not row.mismatched:
+        if row.unmeasured and not row.outside:
             values[i, j] = 2.0              # above the scale: "differs, not measured" colour
         else:
-            values[i, j] = row.mismatch_fraction or 0.0
+            values[i, j] = row.outside_fraction or 0.0
     measured = values[(values > 0) & (values <= 1)]
     low = float(measured.min()) if measured.size else 1e-6
     low = min(low, 0.5)
@@ -209,7 +209,7 @@ def tokens_svg(report: Report) -> str:
     size = max(1, math.ceil(count / MAX_TOKEN_POINTS))
     starts = list(range(0, count, size))
     max_abs = [max(t.max_abs[s:s + size]) for s in starts]
-    fraction = [max(t.mismatched[s:s + size]) / t.per_token if t.per_token else 0.0 for s in starts]
+    fraction = [max(t.differing[s:s + size]) / t.per_token if t.per_token else 0.0 for s in starts]
     fig = _new_figure(13, 4.6)
     top, bottom = fig.subplots(2, 1, sharex=True)
     ys = [_positive(v) for v in max_abs]

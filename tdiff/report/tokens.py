@@ -3,7 +3,8 @@
 The token axis is dim 0 for tensors in the aligned [tokens, ...] layout, 1-D tensors and 2-D
 [tokens, hidden] tensors; dim 1 for [batch, seq, ...] tensors (3-D and more) and for a [1, seq]
 row (one sequence of per-token values). Every other dim is reduced: per token, the largest
-absolute difference and the number of elements whose bits differ.
+absolute difference and the number of elements whose bits differ (and, under a tolerance, of
+those outside it: a token differs when one of its elements fails the verdict's rule).
 
     >>> errors = token_errors("x", torch.zeros(1, 3, 2), torch.tensor([[[0., 0.], [0., .5], [0., 0.]]]), 1)
     >>> errors.max_abs, errors.mismatched, errors.worst
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from tdiff.compare.engine import Comparison
-from tdiff.compare.metrics import CHUNK_ELEMENTS, bits_of, json_number
+from tdiff.compare.metrics import CHUNK_ELEMENTS, EXACT, Tolerance, beyond_tolerance, bits_of, json_number
 from tdiff.compare.pairing import Pairing, Side
 from tdiff.store import Dump
 
@@ -31,23 +32,31 @@ class TokenErrors:
     max_abs: list[float]    # per token; NaN against a number counts as a mismatch, not a difference
     mismatched: list[int]   # per token: elements whose bits differ
     per_token: int          # elements per token
+    outside: list[int] | None = None   # per token: elements outside the tolerance (None: bitwise)
+
+    @property
+    def differing(self) -> list[int]:
+        """Per token, the elements that fail the verdict's rule (bitwise, or the tolerance)."""
+        return self.mismatched if self.outside is None else self.outside
 
     @property
     def tokens_differ(self) -> int:
-        return sum(1 for n in self.mismatched if n)
+        return sum(1 for n in self.differing if n)
 
     @property
     def worst(self) -> int | None:
         """The token with the largest difference (the first differing one when all are 0)."""
         if not self.tokens_differ:
             return None
-        best = max(range(len(self.max_abs)), key=lambda i: (self.max_abs[i], self.mismatched[i]))
-        return best if self.max_abs[best] > 0 else next(i for i, n in enumerate(self.mismatched) if n)
+        differing = self.differing
+        best = max(range(len(self.max_abs)), key=lambda i: (differing[i] > 0, self.max_abs[i], differing[i]))
+        return best if self.max_abs[best] > 0 else next(i for i, n in enumerate(differing) if n)
 
     def to_json(self) -> dict:
         return {"name": self.name, "axis": self.axis, "shape": self.shape, "per_token": self.per_token,
                 "tokens_differ": self.tokens_differ, "worst": self.worst,
-                "max_abs": [json_number(v) for v in self.max_abs], "mismatched": self.mismatched}
+                "max_abs": [json_number(v) for v in self.max_abs], "mismatched": self.mismatched,
+                "outside_tolerance": self.differing}
 
 
 def token_axis(shape: tuple[int, ...], *, aligned: bool = False) -> int | None:
@@ -60,7 +69,8 @@ def token_axis(shape: tuple[int, ...], *, aligned: bool = False) -> int | None:
     return 1
 
 
-def token_errors(name: str, a: torch.Tensor, b: torch.Tensor, axis: int) -> TokenErrors:
+def token_errors(name: str, a: torch.Tensor, b: torch.Tensor, axis: int,
+                 tolerance: Tolerance = EXACT) -> TokenErrors:
     """Per-token error of two tensors of one shape, ``axis`` being the token dim."""
     if a.is_complex():
         a, b = torch.view_as_real(a), torch.view_as_real(b)
@@ -71,12 +81,19 @@ def token_errors(name: str, a: torch.Tensor, b: torch.Tensor, axis: int) -> Toke
     rows = max(1, CHUNK_ELEMENTS // max(per_token, 1))
     max_abs: list[float] = []
     mismatched: list[int] = []
+    outside: list[int] | None = None if tolerance.exact else []
     for start in range(0, tokens, rows):
         ca, cb = a[start:start + rows].reshape(-1, per_token), b[start:start + rows].reshape(-1, per_token)
         abs_diff, differs = _difference(ca, cb)
         mismatched += differs.sum(dim=1).tolist()
         max_abs += abs_diff.amax(dim=1).tolist() if abs_diff is not None else [math.nan] * len(ca)
-    return TokenErrors(name, axis, shape, max_abs, mismatched, per_token)
+        if outside is not None:
+            outside += (_beyond(ca, cb, tolerance) if abs_diff is not None else differs).sum(dim=1).tolist()
+    return TokenErrors(name, axis, shape, max_abs, mismatched, per_token, outside)
+
+
+def _beyond(a: torch.Tensor, b: torch.Tensor, tolerance: Tolerance) -> torch.Tensor:
+    return torch.from_numpy(beyond_tolerance(a.to(torch.float64).numpy(), b.to(torch.float64).numpy(), tolerance))
 
 
 def _difference(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
@@ -94,8 +111,8 @@ def _difference(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor | None, 
     return abs_diff, differs
 
 
-def culprit_token_errors(a: Dump, b: Dump, culprit: Comparison,
-                         pairing: Pairing) -> tuple[TokenErrors | None, str | None]:
+def culprit_token_errors(a: Dump, b: Dump, culprit: Comparison, pairing: Pairing,
+                         tolerance: Tolerance = EXACT) -> tuple[TokenErrors | None, str | None]:
     """The culprit's per-token error, or None and why there is none."""
     if culprit.a is None or culprit.b is None:
         return None, f"captured on side {'A' if culprit.b is None else 'B'} only"
@@ -116,7 +133,7 @@ def culprit_token_errors(a: Dump, b: Dump, culprit: Comparison,
     axis = token_axis(tuple(ta.shape), aligned=aligned)
     if axis is None:
         return None, "a scalar has no token axis"
-    return token_errors(culprit.name, ta, tb, axis), None
+    return token_errors(culprit.name, ta, tb, axis, tolerance), None
 
 
 def _load(side: Side, dump: Dump) -> torch.Tensor:

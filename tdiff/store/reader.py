@@ -46,6 +46,12 @@ class Dump:
     def complete(self) -> bool:
         return not self.problems
 
+    def check_shards(self) -> None:
+        """Open every shard a record points at: a truncated or damaged shard is refused before
+        any verdict, also by commands that judge by fingerprints alone (bisect's stats pass)."""
+        for file in sorted({r.file for r in self.records if r.file is not None}):
+            self._shard(file)
+
     @property
     def notes(self) -> list[str]:
         """What capture said about how it recorded (CUDA graphs, torch.compile), once each."""
@@ -121,7 +127,9 @@ def _open_dump(path: Path, allow_incomplete: bool) -> Dump:
         problems.append(f"{len(missing)} tensor file(s) missing, first {DATA_DIR}/{missing[0]}")
         records = [r for r in records if r.file is None or r.file in present]
 
-    return _checked(Dump(path, info, parts, records, problems), allow_incomplete)
+    dump = _checked(Dump(path, info, parts, records, problems), allow_incomplete)
+    dump.check_shards()  # (an SGLang dumper directory's files were each read when it was indexed)
+    return dump
 
 
 def _checked(dump: Dump, allow_incomplete: bool) -> Dump:

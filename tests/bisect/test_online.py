@@ -105,6 +105,7 @@ def test_a_budget_too_small_for_any_region_reports_the_stats_verdict_without_met
     d = report["first_divergence"]
     assert (d["module"], d["kind"]) == ("model.layers.1.post_attention_layernorm", "norm")
     assert d["metrics"] == {"max_abs": None, "max_ulp": None, "max_ulp_at_scale": None, "mismatch_fraction": None,
+                            "outside_fraction": None,
                             "cosine": None}
     assert "fingerprints differ" in d["reason"]
     assert any("larger than --budget-gb" in note for note in report["notes"])

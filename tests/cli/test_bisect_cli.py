@@ -32,7 +32,8 @@ def test_json_keeps_the_contract_and_the_exit_code_says_diverged(dumps):
     assert report["status"] == "diverged"
     first = report["first_divergence"]
     assert CONTRACT <= set(first)
-    assert set(first["metrics"]) == {"max_abs", "max_ulp", "max_ulp_at_scale", "mismatch_fraction", "cosine"}
+    assert set(first["metrics"]) == {"max_abs", "max_ulp", "max_ulp_at_scale", "mismatch_fraction",
+                                     "outside_fraction", "cosine"}
     assert (first["module"], first["module_b"], first["layer"], first["kind"], first["step"],
             first["event"], first["introduced"]) == (
         "model.layers.1.post_attention_layernorm", "model.layers.1.post_attention_layernorm", 1, "norm", 0,
@@ -93,3 +94,48 @@ def test_as_a_subprocess(dumps):
     a, b = dumps
     result = tdiff_process("bisect", a, b, "--json")
     assert result.returncode == 1 and json.loads(result.stdout)["status"] == "diverged"
+
+
+def capture_in_small_shards(path, model, plant=None):
+    handle = model.get_submodule(plant).register_forward_hook(lambda m, args, out: out * 1.01) if plant else None
+    with torch.no_grad(), tdiff.capture(path, shard_bytes=8000):
+        model(token_ids())
+    if handle is not None:
+        handle.remove()
+    return path
+
+
+def drop_the_shard_of(dump_path, name: str) -> set[str]:
+    """Delete the shard holding ``name``'s output; the names of the records it held."""
+    from tdiff.store import open_dump
+
+    records = open_dump(dump_path).records
+    shard = next(r.file for r in records if r.name == name and r.role == "output")
+    (dump_path / "data" / shard).unlink()
+    return {r.name for r in records if r.file == shard}
+
+
+def test_with_allow_incomplete_a_missing_tensor_is_reported_missing_never_named_the_culprit(tmp_path):
+    model = tiny_qwen2()
+    a = capture_in_small_shards(tmp_path / "a", model)
+    planted = "model.layers.1.mlp.up_proj"
+    b = capture_in_small_shards(tmp_path / "b", model, plant=planted)
+    lost = drop_the_shard_of(b, "model.layers.0.mlp.down_proj")
+    assert lost and not any(name.startswith("model.layers.1.") for name in lost)
+
+    report = json.loads(tdiff_cli("bisect", a, b, "--allow-incomplete", "--json", expect=1).stdout)
+    first = report["first_divergence"]
+    assert (first["module"], first["event"], first["introduced"]) == (planted, "output", True)
+    assert any("captured on one side only were not compared" in note for note in report["notes"])
+
+    # nothing differs but the missing tensors: reported, exit 1 as compare says, and no op named
+    clean = capture_in_small_shards(tmp_path / "clean", model)
+    drop_the_shard_of(clean, "model.layers.0.mlp.down_proj")
+    report = json.loads(tdiff_cli("bisect", a, clean, "--allow-incomplete", "--json", expect=1).stdout)
+    assert report["status"] == "diverged" and report["first_divergence"] is None
+    assert any("captured on one side only" in note and "side A only" in note for note in report["notes"])
+    assert tdiff_cli("compare", a, clean, "--allow-incomplete", expect=1)
+    text = tdiff_cli("bisect", a, clean, "--allow-incomplete", expect=1).output
+    assert "missing on one side" in text and "no op is named" in text
+    report_text = tdiff_cli("report", a, clean, "--allow-incomplete", "--bisect", expect=1).stdout
+    assert "tensors are missing on one side, so no op is named" in report_text.split("### Bisect")[1]

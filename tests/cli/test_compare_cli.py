@@ -67,3 +67,34 @@ def test_layer_option_restricts_to_one_layer(tmp_path):
     report = json.loads(tdiff_cli("compare", tmp_path / "a", tmp_path / "b", "--layer", "1", "--json",
                                   expect=0).output)
     assert report["tensors"] and all(t["layer"] == 1 for t in report["tensors"])
+
+
+def test_under_a_tolerance_summaries_and_tables_count_the_elements_outside_it(tmp_path):
+    # "close" differs bitwise but lies within the tolerance (a match); "far" has some elements
+    # within it and some beyond
+    close_a, far_a = torch.ones(1, 4, 2), torch.arange(8.0).reshape(1, 4, 2)
+    close_b, far_b = close_a + 1e-3, far_a * 1.01
+    a = dump_of(tmp_path / "a", close=close_a, far=far_a)
+    b = dump_of(tmp_path / "b", close=close_b, far=far_b)
+    atol = 0.02
+    outside = (far_a - far_b).abs() > atol
+    bitwise = int((far_a != far_b).sum())
+    assert 0 < int(outside.sum()) < bitwise  # the case this test is about
+
+    line = tdiff_cli("compare", a, b, "--atol", atol, expect=1).output
+    assert f"{int(outside.sum())}/8 elements outside atol={atol:g} rtol=0 ({100 * outside.float().mean():.3g}%; " \
+           f"{bitwise} differ bitwise)" in " ".join(line.split())
+
+    text = tdiff_cli("report", a, b, "--atol", atol, expect=1).stdout
+    tokens = int(outside.any(dim=2).sum())
+    assert f"Per token (dim 1 of \\[1, 4, 2\\]): {tokens} of 4 tokens differ" in text
+    assert "| layer | boundary | kind | tensors differ | outside tolerance |" in text
+    rows = {row.split("|")[2].strip(): row.split("|")[5].strip() for row in text.splitlines()
+            if row.startswith("| - | `")}
+    assert rows == {"`close`": "0%", "`far` ◀ first": f"{100 * outside.float().mean():.3g}%"}
+
+    data = json.loads(tdiff_cli("report", a, b, "--atol", atol, "--format", "json", expect=1).stdout)
+    assert data["culprit"]["tokens"]["outside_tolerance"] == outside.sum(dim=(0, 2)).tolist()
+    assert data["culprit"]["tokens"]["mismatched"] == (far_a != far_b).sum(dim=(0, 2)).tolist()  # bitwise, kept
+    (row,) = [r["output"] for r in data["layers"]]
+    assert (row["mismatched"], row["outside_tolerance"]) == (bitwise, int(outside.sum()))

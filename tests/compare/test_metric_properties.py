@@ -4,10 +4,10 @@ import math
 import struct
 
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from tdiff.compare.metrics import compare_tensors, ulp_distance
+from tdiff.compare.metrics import Tolerance, compare_tensors, ulp_distance
 
 finite32 = st.floats(width=32, allow_nan=False)
 bf16_bits = st.integers(min_value=-(1 << 15), max_value=(1 << 15) - 1)
@@ -68,3 +68,30 @@ def test_compare_tensors_agrees_with_bitwise_equality_and_is_symmetric(values, d
     assert ab.mismatched == differing == ba.mismatched
     assert ab.max_ulp == ba.max_ulp and ab.nan_mismatch == ba.nan_mismatch
     assert (ab.max_abs == ba.max_abs) or (math.isnan(ab.max_abs) and math.isnan(ba.max_abs))
+
+
+any32 = st.floats(width=32)  # NaN and both infinities included
+tolerances = st.builds(Tolerance, atol=st.floats(0, 10), rtol=st.floats(0, 10))
+
+
+@settings(max_examples=300)
+@given(st.lists(st.tuples(any32, any32), min_size=1, max_size=16), tolerances)
+@example([(1.0, math.inf)], Tolerance(atol=0.0, rtol=1e-3))
+@example([(1.0, 2.0)], Tolerance(atol=0.0, rtol=0.6))
+def test_swapping_a_and_b_never_changes_a_verdict_under_a_tolerance(pairs, tolerance):
+    a = torch.tensor([x for x, _ in pairs], dtype=torch.float32)
+    b = torch.tensor([y for _, y in pairs], dtype=torch.float32)
+    ab, ba = compare_tensors(a, b, tolerance), compare_tensors(b, a, tolerance)
+    assert ab.outside_tolerance == ba.outside_tolerance and ab.within(tolerance) == ba.within(tolerance)
+
+
+@settings(max_examples=300)
+@given(any32, any32, tolerances)
+@example(1.0, math.inf, Tolerance(atol=0.0, rtol=1e-3))
+@example(-math.inf, math.inf, Tolerance(atol=1.0, rtol=1.0))
+def test_a_non_finite_value_matches_only_the_same_value_under_any_tolerance(x, y, tolerance):
+    if math.isfinite(x) and math.isfinite(y):
+        return
+    same = (math.isnan(x) and math.isnan(y)) or x == y
+    for a, b in ((x, y), (y, x)):
+        assert compare_tensors(f32(a), f32(b), tolerance).within(tolerance) == same, (a, b)

@@ -70,6 +70,25 @@ def test_tolerance_relaxes_the_verdict():
     assert not m.within(Tolerance(rtol=1e-6)) and m.outside_tolerance == 1
 
 
+def test_under_a_tolerance_an_infinity_matches_only_the_same_infinity():
+    loose = Tolerance(atol=1.0, rtol=0.5)
+    for a, b in [(1.0, math.inf), (-math.inf, math.inf), (math.inf, math.nan), (-math.inf, -1e38)]:
+        for x, y in ((a, b), (b, a)):
+            m = compare_tensors(torch.tensor([x, 2.0]), torch.tensor([y, 2.0]), loose)
+            assert m.outside_tolerance == 1 and not m.within(loose), (x, y)
+    for same in (math.inf, -math.inf, math.nan):
+        m = compare_tensors(torch.tensor([same, 1.0]), torch.tensor([same, 1.25]), loose)
+        assert m.within(loose), same
+
+
+def test_the_relative_tolerance_scales_with_the_larger_magnitude_on_either_side():
+    # |1 - 2| = 1 <= 0.5 * max(1, 2), whichever side holds the 2
+    for a, b in ((1.0, 2.0), (2.0, 1.0)):
+        assert compare_tensors(torch.tensor([a]), torch.tensor([b]), Tolerance(rtol=0.5)).within(Tolerance(rtol=0.5))
+        assert not compare_tensors(torch.tensor([a]), torch.tensor([b]),
+                                   Tolerance(rtol=0.49)).within(Tolerance(rtol=0.49))
+
+
 def test_integers_and_bool():
     m = compare_tensors(torch.tensor([1, 5, 9]), torch.tensor([1, 7, 9]))
     assert (m.mismatched, m.max_ulp, m.max_abs) == (1, 2, 2.0)

@@ -1,11 +1,14 @@
 """Capture on real transformers models: names, order, steps, aliases, filters and modes."""
 
+import json
+
+import pytest
 import torch
 
 import tdiff
 from tdiff.compare import compare_dumps
 from tdiff.store import open_dump
-from tests.helpers import tiny_qwen2, token_ids
+from tests.helpers import tdiff_cli, tiny_qwen2, token_ids
 
 
 def capture_qwen2(path, *, model=None, ids=None, **options):
@@ -145,6 +148,55 @@ def test_a_tensor_changed_in_place_is_stored_again(tmp_path):
     before = dump.load(by_name[("second[0]", "input")])
     after = dump.load(by_name[("second", "output")])
     assert torch.equal(before, torch.ones(3)) and torch.equal(after, torch.full((3,), 2.0))
+
+
+def add_one_through_data(t):
+    t.data[0, 0, 0] += 1
+
+
+def add_one_through_numpy(t):
+    t.numpy()[0, 0, 0] += 1
+
+
+def add_one_through_dlpack(t):
+    torch.from_dlpack(t)[0, 0, 0] += 1  # a view with its own version counter
+
+
+@pytest.mark.parametrize("mode", ["full", "stats"])
+@pytest.mark.parametrize("write", [add_one_through_data, add_one_through_numpy, add_one_through_dlpack])
+def test_a_write_that_autograd_does_not_see_is_recorded_and_compares_as_diverged(tmp_path, write, mode):
+    # the logits are the lm_head's output, recorded as such; changed in place by a path that
+    # leaves autograd's version counter as it was, then dumped: its record must hold the new bytes
+    model = tiny_qwen2()
+    for side in ("a", "b"):
+        with torch.no_grad(), tdiff.capture(tmp_path / side, mode=mode):
+            logits = model(token_ids()).logits
+            version = logits._version
+            if side == "b":
+                write(logits)
+            assert logits._version == version
+            tdiff.dump("logits", logits)
+    dump = open_dump(tmp_path / "b")
+    record = next(r for r in dump.records if r.name == "logits")
+    head = next(r for r in dump.records if r.name == "lm_head")
+    assert record.alias_of is None and record.fingerprint != head.fingerprint
+    if mode == "full":
+        assert torch.equal(dump.load(record), logits)
+    result = tdiff_cli("compare", tmp_path / "a", tmp_path / "b", "--json", expect=1)
+    assert json.loads(result.stdout)["first_divergence"]["name"] == "logits"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_tensor_recorded_again_is_stored_again_never_aliased(tmp_path):
+    # no device hash is strong enough yet to check a CUDA alias's bytes: each record is a copy
+    x = torch.ones(8, device="cuda")
+    with tdiff.capture(tmp_path / "d"):
+        tdiff.dump("before", x)
+        x.data.add_(1)
+        tdiff.dump("after", x)
+    dump = open_dump(tmp_path / "d")
+    assert [r.alias_of for r in dump.records] == [None, None]
+    assert [float(dump.load(r)[0]) for r in dump.records] == [1.0, 2.0]
 
 
 def test_select_exclude_layers_and_steps_filter_what_is_recorded(tmp_path):

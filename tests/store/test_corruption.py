@@ -43,6 +43,24 @@ def test_truncated_shard_is_named(tmp_path, storage):
 
 
 @pytest.mark.parametrize("storage", ["safetensors", "h5"])
+def test_every_command_refuses_a_truncated_shard_alike_before_a_verdict(tmp_path, storage):
+    # the same capture twice: the fingerprints in both manifests agree, so a command judging by
+    # fingerprints alone (bisect's stats pass) must still open the shards to see the damage
+    good = make_dump(tmp_path / "good", storage)
+    bad = make_dump(tmp_path / "bad", storage)
+    (shard,) = shards(bad)
+    shard.write_bytes(shard.read_bytes()[:-16])
+    outputs = set()
+    for command in ("compare", "bisect", "report"):
+        for sides in ((good, bad), (bad, good)):
+            result = tdiff_cli(command, *sides, expect=2)
+            lines = result.output.strip().splitlines()
+            assert len(lines) == 1 and shard.name in lines[0] and "truncated or corrupted" in lines[0]
+            outputs.add(lines[0])
+    assert len(outputs) == 1  # all agree, word for word
+
+
+@pytest.mark.parametrize("storage", ["safetensors", "h5"])
 def test_garbage_shard_is_named(tmp_path, storage):
     good = make_dump(tmp_path / "good", storage)
     bad = make_dump(tmp_path / "bad", storage)

@@ -205,25 +205,28 @@ def test_a_linear_output_added_to_in_place_is_recorded_as_the_linear_returned_it
         assert torch.equal(dump.load(record), expected), record.step
 
 
+@pytest.fixture
 def megatron_on_this_gpu():
+    """A one-rank NCCL group and megatron's parallel state, torn down after the test: a process
+    group left behind would give later tests of this process its rank."""
     import torch.distributed as dist
 
     pytest.importorskip("megatron.core")
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import initialize_rng_tracker
 
-    if not dist.is_initialized():
-        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(1, 1)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    parallel_state.initialize_model_parallel(1, 1)
     initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+    yield
+    parallel_state.destroy_model_parallel()
+    dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("grad_mode", [torch.no_grad, torch.inference_mode])
-def test_megatron_bias_dropout_add_does_not_reach_the_recorded_outputs(tmp_path, grad_mode):
+def test_megatron_bias_dropout_add_does_not_reach_the_recorded_outputs(tmp_path, grad_mode, megatron_on_this_gpu):
     """In eval mode, without gradients, megatron-core adds the residual into linear_proj's and
     linear_fc2's outputs in place (bias-dropout-add) right after they return."""
-    megatron_on_this_gpu()
     from tests.stacks.megatron import build_gpt, gpt_config, gpt_forward
 
     config = gpt_config(layers=1, hidden=4096, heads=32, query_groups=8, ffn=1024)

@@ -199,7 +199,7 @@ def test_past_the_budget_the_rest_of_the_graph_is_recorded_as_statistics(tmp_pat
     stored = [r for r in b.records if r.has_data]
     kept_as_stats = [r for r in b.records if not r.has_data]
     assert stored and kept_as_stats
-    assert all(r.fingerprint.startswith("wsum64:") and r.stats is not None for r in kept_as_stats)
+    assert all(r.fingerprint.startswith("mix64:") and r.stats is not None for r in kept_as_stats)
     # the rest of the graph: once one tensor went to statistics, every later one of its replay did
     for step in range(3):
         seqs = [r.has_data for r in b.records if r.step == step and r.alias_of is None]

@@ -83,16 +83,19 @@ def bisect_repeats(path: str | Path, *, tolerance: Tolerance = EXACT, allow_inco
     results = [(run, bisect_dumps(reference, run, tolerance=tolerance, pairing=pairing,
                                   allow_incomplete=allow_incomplete))
                for run in runs[1:]]
-    differing = [(run, result) for run, result in results if result.first_divergence is not None]
-    if differing:
+    # a run that lacks tensors (--allow-incomplete) differs too, though no op can be named
+    differing = [(run, result) for run, result in results if result.status != "match"]
+    located = [(run, result) for run, result in differing if result.first_divergence is not None]
+    if located:
         def first_in_reference_order(item):
             record = item[1].first_divergence.comparison.record
             return (record.step, record.rank, record.seq)
 
-        chosen = min(differing, key=first_in_reference_order)[1]
+        chosen = min(located, key=first_in_reference_order)[1]
     else:
         chosen = results[0][1]
     chosen.checked = sum(result.checked for _, result in results)
+    chosen.missing = sum(result.missing for _, result in results)
     chosen.notes = list(dict.fromkeys(note for _, result in results for note in result.notes))
     chosen.repeats = RepeatsSection(runs=[run.name for run in runs], reference=runs[0].name,
                                     differing=[run.name for run, _ in differing])

@@ -51,3 +51,30 @@ def test_repeat_folders_are_replaced_only_with_force(tmp_path):
     tdiff_cli("capture", "--out", out, "--repeat", 3, "--force", *command, expect=0)
     assert sorted(p.name for p in out.iterdir()) == ["run-1", "run-2", "run-3", "tdiff-repeat.json"]
     assert "--repeat" in tdiff_cli("capture", "--out", tmp_path / "x", "--repeat", 0, *command, expect=2).output
+
+
+def test_a_run_that_lacks_tensors_is_not_a_match_with_allow_incomplete(tmp_path):
+    """run-2 repeats run-1 exactly; run-3 failed after the first module: its missing tensors make
+    the folder differ, as `tdiff compare --allow-incomplete` says of run-1 against run-3."""
+    import torch
+
+    import tdiff
+    from tdiff.bisect.repeats import write_repeat_index
+
+    out = tmp_path / "rep"
+    torch.manual_seed(0)
+    first, second, x = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), torch.randn(2, 4)
+    for k, run in enumerate(write_repeat_index(out, 3, ["python", "run.py"])):
+        try:
+            with torch.no_grad(), tdiff.capture(run):
+                y = first(x)
+                if k == 2:
+                    raise RuntimeError("the run dies here")
+                second(y)
+        except RuntimeError:
+            pass
+    tdiff_cli("compare", out / "run-1", out / "run-3", "--allow-incomplete", expect=1)
+    report = json.loads(tdiff_cli("bisect", out, "--allow-incomplete", "--json", expect=1).stdout)
+    assert report["status"] == "diverged" and report["first_divergence"] is None
+    assert report["repeats"]["differing"] == ["run-3"]
+    assert any("captured on one side only" in note for note in report["notes"])

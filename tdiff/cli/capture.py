@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -96,6 +97,10 @@ def _prepare_out(out: Path, force: bool) -> None:
     # a run that failed before recording anything leaves nothing to protect: the retry replaces it
     if not force and _holds_records(out):
         raise TdiffError(f"{out} already holds a dump; pass --force to replace it")
+    foreign = None if force else _file_tdiff_did_not_write(out)
+    if foreign is not None:
+        raise TdiffError(f"{out} holds {foreign.relative_to(out)}, which tdiff did not write; "
+                         "pass --force to replace the dump and it, or choose another --out")
     if out.is_symlink():
         raise TdiffError(f"{out} is a symbolic link; --force replaces only a dump directory itself: "
                          f"pass the directory it points to ({os.path.realpath(out)}) or another --out")
@@ -119,6 +124,26 @@ def _holds_records(folder: Path) -> bool:
             if manifest.stat().st_size > 0:
                 return True
     return any(path.is_file() for data in folder.rglob(DATA_DIR) for path in data.rglob("*"))
+
+
+_REPEAT_RUN = re.compile(r"run-\d+")
+
+
+def _file_tdiff_did_not_write(folder: Path) -> Path | None:
+    """The first path in a dump (or a repeat folder's runs) that capture does not write there: a
+    file the command put next to the dump (its log, say), which only --force may remove."""
+    from tdiff.bisect.repeats import REPEAT_FILE
+
+    for path in folder.rglob("*"):
+        parts = path.relative_to(folder).parts
+        if _REPEAT_RUN.fullmatch(parts[0]):
+            parts = parts[1:]  # a repeat run's dump
+        if not parts or parts in ((DUMP_FILE,), (REPEAT_FILE,), (MANIFEST_DIR,)) or parts[0] == DATA_DIR:
+            continue  # (tensor data counts as records: see _holds_records)
+        if parts[0] == MANIFEST_DIR and len(parts) == 2 and parts[1].endswith(".jsonl"):
+            continue
+        return path
+    return None
 
 
 def _summarize(out: Path, returncode: int, quiet: bool) -> None:

@@ -117,6 +117,27 @@ def test_a_dump_without_records_is_replaced_by_the_retry_without_force(tmp_path)
                                                expect=2).output
 
 
+
+def test_files_the_command_wrote_into_a_failed_dump_are_kept_without_force(tmp_path):
+    """A dump without records is replaced by the retry, but not the files the command put next to
+    it (its log, say): those only go with --force."""
+    out = tmp_path / "d"
+    assert tdiff_cli("capture", "--out", out, "--", sys.executable, "-c", "raise SystemExit(3)").exit_code == 3
+    (out / "logs").mkdir()
+    (out / "logs" / "run.log").write_text("why the run failed")
+    refused = tdiff_cli("capture", "--out", out, "--", sys.executable, "-c", RECORDS, expect=2)
+    assert "logs" in refused.output and "--force" in refused.output
+    assert (out / "logs" / "run.log").read_text() == "why the run failed"
+    tdiff_cli("capture", "--out", out, "--force", "--", sys.executable, "-c", RECORDS, expect=0)
+    assert not (out / "logs").exists()
+
+    repeats = tmp_path / "rep"
+    assert tdiff_cli("capture", "--out", repeats, "--repeat", 2, "--", sys.executable, "-c",
+                     "raise SystemExit(3)").exit_code == 3
+    (repeats / "run-1" / "notes.txt").write_text("kept")
+    tdiff_cli("capture", "--out", repeats, "--repeat", 2, "--", sys.executable, "-c", RECORDS, expect=2)
+    assert (repeats / "run-1" / "notes.txt").read_text() == "kept"
+
 def test_bad_options_exit_2_before_the_command_runs(tmp_path):
     for option, message in ((["--layers", "x"], "--layers"), (["--select", "("], "--select"),
                             (["--max-pending", "lots"], "--max-pending")):

@@ -114,12 +114,33 @@ def ulp_at(magnitude: float, dtype: torch.dtype) -> float:
 
 def beyond_tolerance(a: np.ndarray, b: np.ndarray, tolerance: Tolerance) -> np.ndarray:
     """Where |a-b| > atol + rtol*max(|a|,|b|) (boolean, element-wise): the tolerance rule, symmetric
-    in a and b. An infinity is within only of the same infinity, a NaN only of a NaN."""
+    in a and b. An infinity is within only of the same infinity, a NaN only of a NaN. Integer
+    arrays (both) are differenced exactly (see :func:`integer_abs_difference`)."""
+    if a.dtype.kind in "iub" and b.dtype.kind in "iub":
+        difference = integer_abs_difference(a, b)
+        a, b = a.astype(np.float64), b.astype(np.float64)
+    else:
+        with np.errstate(invalid="ignore", over="ignore"):
+            difference = np.abs(a - b)
     with np.errstate(invalid="ignore", over="ignore"):
-        beyond = np.abs(a - b) > (tolerance.atol or 0.0) + (tolerance.rtol or 0.0) * np.maximum(np.abs(a), np.abs(b))
+        beyond = difference > (tolerance.atol or 0.0) + (tolerance.rtol or 0.0) * np.maximum(np.abs(a), np.abs(b))
         beyond |= (np.isinf(a) | np.isinf(b)) & (a != b)   # there the bound is infinite too
     nan_a, nan_b = np.isnan(a), np.isnan(b)
     return (beyond & ~(nan_a | nan_b)) | (nan_a ^ nan_b)
+
+
+def integer_abs_difference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """|a - b| of integer (or bool) arrays as float64, rounded once at the end: their float64
+    values lose differences past 2**53 (2**60 and 2**60 + 1 are one float64)."""
+    if a.dtype.kind in "ub" and b.dtype.kind in "ub":
+        a, b = a.astype(np.uint64), b.astype(np.uint64)
+        return np.where(a >= b, a - b, b - a).astype(np.float64)  # the larger minus the smaller never wraps
+    a, b = a.astype(np.int64), b.astype(np.int64)
+    difference = np.abs((a - b).astype(np.float64))  # exact where the signs agree: no wrap there
+    opposite = (a < 0) != (b < 0)
+    if opposite.any():  # |a| + |b|, which may pass int64
+        difference[opposite] = np.abs(a[opposite].astype(np.float64)) + np.abs(b[opposite].astype(np.float64))
+    return difference
 
 
 def bits_of(t: torch.Tensor) -> torch.Tensor:
@@ -261,7 +282,8 @@ class _Accumulator:
             differs = np.ones(a.numel(), dtype=bool)
             n_differs = a.numel()
         av, bv = _values(a, self.wide, "a"), _values(b, self.wide, "b")
-        a_values, b_values = av, bv   # NaN is masked out of av and bv below
+        # NaN is masked out of av and bv below; integers keep their own values (see beyond_tolerance)
+        a_values, b_values = (a.numpy(), b.numpy()) if self.int_ulp else (av, bv)
         if av is None or bv is None:
             self._add_bits_only(differs, n_differs, offset)
             return
@@ -276,9 +298,12 @@ class _Accumulator:
         self.magnitude = max(self.magnitude, _max_magnitude(bv))
         n = a.numel()
         diff = _workspace.array("diff", av.dtype, n)
-        with np.errstate(invalid="ignore"):  # inf - inf
-            np.subtract(av, bv, out=diff)
-        np.abs(diff, out=diff)
+        if self.int_ulp:
+            diff[:] = integer_abs_difference(a_values, b_values)
+        else:
+            with np.errstate(invalid="ignore"):  # inf - inf
+                np.subtract(av, bv, out=diff)
+            np.abs(diff, out=diff)
         total = float(diff.sum(dtype=np.float64))
         valid = one_nan = None
         if not math.isfinite(total):  # NaN or inf somewhere: mask them (the rare, slower path)

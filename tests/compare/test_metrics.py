@@ -96,6 +96,20 @@ def test_integers_and_bool():
     assert m.mismatched == 1
 
 
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.uint64])
+def test_integers_past_float64s_precision_differ_by_their_exact_difference(dtype):
+    """2**60 and 2**60 + 1 are one float64: their difference is still 1, under any tolerance."""
+    big = 1 << 60
+    a, b = torch.tensor([big, 7], dtype=dtype), torch.tensor([big + 1, 7], dtype=dtype)
+    for x, y in ((a, b), (b, a)):
+        m = compare_tensors(x, y, Tolerance(atol=0.0))
+        assert (m.outside_tolerance, m.max_abs, m.max_ulp) == (1, 1.0, 1)
+        assert not m.within(Tolerance(atol=0.0))
+        assert compare_tensors(x, y, Tolerance(atol=1.0)).within(Tolerance(atol=1.0))
+    signed = torch.tensor([-(1 << 62)]), torch.tensor([1 << 62])   # the difference passes int64
+    assert compare_tensors(*signed, Tolerance(atol=0.0)).max_abs == 2.0 ** 63
+
 def test_different_dtypes_are_compared_by_value_without_ulp():
     a = torch.tensor([1.0, 2.5])
     m = compare_tensors(a, a.bfloat16())

@@ -58,7 +58,8 @@ def bisect_dumps(dump_a: Dump | str | Path, dump_b: Dump | str | Path, *,
             found.append((first[1].record.step, stream.key[0], stream, *first))
     result = BisectResult(first_divergence=None, checked=comparator.compared,
                           tolerance=tolerance.describe(),
-                          sides={"a": str(a.path), "b": str(b.path)}, notes=_notes(a, b) + _missing_notes(missing),
+                          sides={"a": str(a.path), "b": str(b.path)},
+                          notes=_notes(a, b) + _missing_notes(missing) + _left_out_notes(pairing),
                           missing=len(missing))
     if found:
         _, _, stream, index, comparison = min(found, key=lambda f: f[:2])
@@ -83,6 +84,11 @@ def _missing_notes(missing: list[Pair]) -> list[str]:
     first = missing[0]
     return [f"{len(missing):,} tensor(s) captured on one side only were not compared (an incomplete dump "
             f"lacks them), first {first.name} (side {'A' if first.b is None else 'B'} only)"]
+
+
+def _left_out_notes(pairing: Pairing | None) -> list[str]:
+    left_out = getattr(pairing, "left_out", 0)  # a FilteredPairing's
+    return [f"{left_out:,} tensor(s) left out by --select/--exclude were not compared"] if left_out else []
 
 
 def _first_divergent(stream: Stream, comparator: EventComparator) -> tuple[int, Comparison] | None:

@@ -91,6 +91,7 @@ class CompareReport:
     options: CompareOptions
     comparisons: list[Comparison]
     alignment: object | None = None   # how a cross-framework pairing aligned the dumps (to_json())
+    left_out: int = 0                 # pairs that --layer/--select/--exclude left out
 
     @property
     def status(self) -> str:
@@ -122,6 +123,7 @@ class CompareReport:
                   "notes": self.b.notes},
             "tolerance": self.options.tolerance.describe(),
             "summary": self.counts(),
+            "left_out": self.left_out,
             "same_dump": self.same_dump,
             "first_divergence": first.to_json() if first else None,
             "tensors": [c.to_json() for c in self.comparisons],
@@ -135,7 +137,8 @@ def compare_dumps(a: Dump, b: Dump, options: CompareOptions | None = None, *,
     options = options or CompareOptions()
     pairing = pairing or NamePairing()
     names = NameFilter.of(options.select, options.exclude)
-    pairs = [p for p in pairing.pair(a, b) if _wanted(p, options, names)]
+    paired = pairing.pair(a, b)
+    pairs = [p for p in paired if _wanted(p, options, names)]
     if not pairs:
         raise TdiffError(_nothing_to_compare(options, names))
     comparator = PairComparator(a, b, options.tolerance)
@@ -152,7 +155,8 @@ def compare_dumps(a: Dump, b: Dump, options: CompareOptions | None = None, *,
             comparisons.append(comparison)
             if progress is not None:
                 progress(done, len(pairs))
-    return CompareReport(a, b, options, comparisons, getattr(pairing, "alignment", None))
+    return CompareReport(a, b, options, comparisons, getattr(pairing, "alignment", None),
+                         left_out=len(paired) - len(pairs))
 
 
 def _pair_bytes(pair: Pair) -> int:

@@ -99,6 +99,7 @@ class FilteredPairing:
 
     def __init__(self, pairing: Pairing, name_filter: NameFilter):
         self.pairing, self.name_filter = pairing, name_filter
+        self.left_out = 0   # pairs the last pair() call left out
 
     @property
     def alignment(self):
@@ -109,6 +110,7 @@ class FilteredPairing:
         wanted = [p for p in pairs if self.name_filter.wants(p.name)]
         if pairs and not wanted:
             raise TdiffError(self.name_filter.nothing_left())
+        self.left_out = len(pairs) - len(wanted)
         return wanted
 
 

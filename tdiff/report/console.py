@@ -102,7 +102,9 @@ def summary_line(report: CompareReport) -> str:
         return (f"match: A and B are the same dump ({report.a.path}), so its {counts['compared']} tensors "
                 "equal themselves; give two different runs to compare")
     if first is None:
-        return f"match: all {counts['compared']} tensors equal ({report.options.tolerance.describe()})"
+        # a filter may have left out where the runs part: say so next to the match
+        left_out = f"; {report.left_out} tensor(s) left out by --layer/--select/--exclude" if report.left_out else ""
+        return f"match: all {counts['compared']} tensors equal ({report.options.tolerance.describe()}){left_out}"
     diverged = counts["compared"] - counts["match"]
     where = f" (module {first.record.module or '(model)'}, {first.record.role})" if first.record.role != "explicit" else ""
     return (f"diverged: {diverged} of {counts['compared']} tensors differ; first: {first.name}{where} "

@@ -29,6 +29,19 @@ def test_compare_exclude_skips_the_tensors_it_matches(dumps):
     assert names(kept) == {n for n in everything if n.startswith("layers.0.") and "norm" not in n}
 
 
+
+def test_a_match_says_how_many_tensors_the_filters_left_out(dumps):
+    """Layer 0 matches while layer 1 differs: the match must not read as the runs' verdict."""
+    everything = json.loads(tdiff_cli("compare", *dumps, "--json", expect=1).output)["tensors"]
+    kept = json.loads(tdiff_cli("compare", *dumps, "--select", r"^layers\.0\.", "--json", expect=0).output)
+    left_out = len(everything) - len(kept["tensors"])
+    assert kept["left_out"] == left_out > 0
+    text = tdiff_cli("compare", *dumps, "--select", r"^layers\.0\.", expect=0).output
+    assert f"{left_out} tensor(s) left out by --layer/--select/--exclude" in text
+    assert "left out" not in tdiff_cli("compare", *dumps, expect=1).output
+    bisected = json.loads(tdiff_cli("bisect", *dumps, "--select", r"^layers\.0\.", "--json", expect=0).output)
+    assert any("left out by --select/--exclude" in note for note in bisected["notes"])
+
 def test_bisect_select_and_exclude_keep_what_compare_keeps(dumps):
     assert json.loads(tdiff_cli("bisect", *dumps, "--select", r"^layers\.0\.", "--json",
                                 expect=0).output)["status"] == "match"

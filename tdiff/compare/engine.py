@@ -6,6 +6,7 @@ once measured. A tensor stored once for several records (aliases) is measured on
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -274,6 +275,10 @@ class PairComparator:
                     "capture one side in full mode"))
         if fa is not None and fa == fb:
             return self._result(pair, "match", reason="equal fingerprints (stats mode)")
+        if not self.tolerance.exact and not _statistics_exceed(ra.stats or {}, rb.stats or {}, self.tolerance):
+            raise TdiffError(f"{pair.name}: the fingerprints differ (stats mode), and its statistics cannot tell "
+                             f"whether it is within {self.tolerance.describe()}; capture in full mode to compare "
+                             "under --atol/--rtol, or compare bitwise")
         return self._result(pair, "mismatch", reason="fingerprints differ (stats mode): " +
                             _stats_delta(ra.stats or {}, rb.stats or {}))
 
@@ -287,6 +292,21 @@ class PairComparator:
 
 def _same_verified_fingerprint(a: Record, b: Record) -> bool:
     return fingerprint_algorithm(a.fingerprint) == "xxh3" and a.fingerprint == b.fingerprint
+
+
+def _statistics_exceed(sa: dict, sb: dict, tolerance: Tolerance) -> bool:
+    """Whether two tensors' statistics alone prove an element beyond the tolerance. Each side's
+    minimum is one of its elements, so some element differs by at least the minimums' difference
+    (the maximums' likewise), while no element's bound passes atol + rtol * the largest magnitude;
+    NaN or infinity counts that differ leave an element without its equal on the other side."""
+    if sa.get("nan") != sb.get("nan") or sa.get("inf") != sb.get("inf"):
+        return True
+    extremes = [sa.get("min"), sa.get("max"), sb.get("min"), sb.get("max")]
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in extremes):
+        return False
+    min_a, max_a, min_b, max_b = extremes
+    bound = (tolerance.atol or 0.0) + (tolerance.rtol or 0.0) * max(abs(v) for v in extremes)
+    return max(abs(min_a - min_b), abs(max_a - max_b)) > bound
 
 
 def _dtype(t) -> str:

@@ -98,3 +98,27 @@ def test_under_a_tolerance_summaries_and_tables_count_the_elements_outside_it(tm
     assert data["culprit"]["tokens"]["mismatched"] == (far_a != far_b).sum(dim=(0, 2)).tolist()  # bitwise, kept
     (row,) = [r["output"] for r in data["layers"]]
     assert (row["mismatched"], row["outside_tolerance"]) == (bitwise, int(outside.sum()))
+
+
+def stats_dump_of(path, **tensors):
+    with tdiff.capture(path, mode="stats"):
+        for name, tensor in tensors.items():
+            tdiff.dump(name, tensor)
+    return path
+
+
+def test_stats_mode_under_a_tolerance_never_calls_an_undecided_difference_a_divergence(tmp_path):
+    """Stats mode keeps fingerprints, not values: a difference its statistics cannot size is no
+    verdict under --atol (exit 2, for compare and bisect alike); one whose minimum or maximum
+    alone moves past the tolerance is a divergence."""
+    x = torch.tensor([1.0, 2.0, 3.0])
+    a = stats_dump_of(tmp_path / "a", x=x)
+    slightly = stats_dump_of(tmp_path / "slightly", x=torch.tensor([1.0, 2.0001, 3.0]))
+    far = stats_dump_of(tmp_path / "far", x=torch.tensor([1.0, 2.0, 13.0]))
+    tdiff_cli("compare", a, slightly, expect=1)   # bitwise: the fingerprints decide
+    for command in ("compare", "bisect"):
+        undecided = tdiff_cli(command, a, slightly, "--atol", "0.01", expect=2).output
+        assert "stats mode" in undecided and "full mode" in undecided and len(undecided.splitlines()) == 1
+        tdiff_cli(command, a, far, "--atol", "0.01", "--rtol", "0.5", expect=1)   # max 3 -> 13
+    nan = stats_dump_of(tmp_path / "nan", x=torch.tensor([1.0, float("nan"), 3.0]))
+    tdiff_cli("compare", a, nan, "--atol", "100", expect=1)   # NaN matches only NaN

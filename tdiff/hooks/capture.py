@@ -335,8 +335,9 @@ class Capture:
     def _remember(self, original: torch.Tensor, seq: int, tensor: torch.Tensor, *,
                   stored: torch.Tensor | None = None, fingerprint: str | None = None) -> None:
         """Note a stored record for later records of the same tensor object. Inference tensors
-        carry no version counter, and a CUDA tensor's bytes could only be checked with a device
-        hash strong enough to trust (wsum64 collides): those are always stored again."""
+        carry no version counter, and a CUDA tensor's bytes could only be checked by one more
+        device digest per record (its host copy or summary is still on its way when the next record
+        comes): those are always stored again."""
         if original.is_inference() or tensor.device.type != "cpu":
             return
         key = id(original)

@@ -71,7 +71,7 @@ def report(dump_a, dump_b, fmt, out, layer, with_bisect, patch_results, gh_comme
                                  pairing=pairing, progress=advance)
     bisected = bisect_dumps(a, b, tolerance=tolerance, pairing=pairing).to_json() if with_bisect else None
     with progress_bar("writing the report", quiet=quiet):
-        result = build_report(compared, bisect=bisected, patch_results=patches)
+        result = build_report(compared, pairing=pairing, bisect=bisected, patch_results=patches)
         text = _render(result, fmt, gh_comment)
     if out is None:
         click.echo(text, nl=False)

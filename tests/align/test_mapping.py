@@ -163,3 +163,18 @@ def test_a_mapping_that_matches_nothing_says_so(pair, tmp_path):
     (tmp_path / "map.yaml").write_text("rules:\n  - {module: 'nothing\\.like\\.this', boundary: embedding}\n")
     result = tdiff_cli("compare", pair / "hf", pair / "user", "--mapping", tmp_path / "map.yaml", expect=2)
     assert "the mapping map.yaml adapter found no canonical boundary in it" in result.output
+
+
+def test_report_measures_an_aligned_culprits_error_per_token(pair, tmp_path):
+    """The culprit is reloaded through the pairing compare used: the canonical one (its name is no
+    record's name)."""
+    user = TinyDecoder().load_qwen2(tiny_qwen2()).eval()
+    with torch.no_grad():
+        user.blocks[1].down.weight[0, 0] += 0.5
+    with tdiff.capture(tmp_path / "planted", model=user), torch.no_grad():
+        user(batch_ids())
+    tdiff_cli("report", pair / "hf", tmp_path / "planted", "--mapping", pair / "map.yaml", "--atol", "1e-5",
+              "--format", "json", "-o", tmp_path / "r.json", expect=1)
+    culprit = json.loads((tmp_path / "r.json").read_text())["culprit"]
+    assert culprit["tensor"]["name"] == "layers.1.mlp.down"
+    assert culprit["tokens_note"] is None and max(culprit["tokens"]["max_abs"]) > 1e-5

@@ -23,6 +23,12 @@ class _PlainConsole(Console):
         return super()._render_buffer(
             s if s.control else Segment(printable(s.text, keep_newlines=True), s.style) for s in buffer)
 
+    def on_broken_pipe(self) -> None:
+        """The reader left (``tdiff compare A B | head``): print nothing more, and let the command
+        exit with its verdict. Rich would exit 1, which means "diverged"."""
+        self.quiet = True
+        os.dup2(os.open(os.devnull, os.O_WRONLY), self.file.fileno())
+
 
 def make_console(stderr: bool = False, quiet: bool = False) -> Console:
     """``quiet``: a console that prints nothing (informational lines under --quiet)."""

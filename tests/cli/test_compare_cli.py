@@ -122,3 +122,19 @@ def test_stats_mode_under_a_tolerance_never_calls_an_undecided_difference_a_dive
         tdiff_cli(command, a, far, "--atol", "0.01", "--rtol", "0.5", expect=1)   # max 3 -> 13
     nan = stats_dump_of(tmp_path / "nan", x=torch.tensor([1.0, float("nan"), 3.0]))
     tdiff_cli("compare", a, nan, "--atol", "100", expect=1)   # NaN matches only NaN
+
+
+def test_a_reader_that_stops_early_leaves_the_verdicts_exit_status(tmp_path):
+    """`tdiff compare A B | head`: the pipe breaks mid-table; a match still exits 0 (rich's default
+    exit on a broken pipe is 1, which means "diverged")."""
+    import subprocess
+
+    from tests.helpers import installed_tdiff
+
+    tensors = {f"x{i}": torch.ones(2) for i in range(1200)}   # a table far larger than a pipe's buffer
+    a, b = dump_of(tmp_path / "a", **tensors), dump_of(tmp_path / "b", **tensors)
+    process = subprocess.Popen([installed_tdiff(), "compare", a, b, "--top", "0"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    process.stdout.read(10)
+    process.stdout.close()   # the reader is gone
+    assert process.wait(timeout=120) == 0, process.stderr.read().decode()[-2000:]

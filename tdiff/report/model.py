@@ -197,6 +197,7 @@ class Report:
     bisect: dict | None = None
     patch_results: dict | None = None
     same_dump: str | None = None      # the path, when A and B are the same dump
+    left_out: int = 0                 # tensors --layer left out of the comparison
 
     @property
     def layer_numbers(self) -> list[int]:
@@ -233,7 +234,7 @@ def build_report(compare: CompareReport, *, pairing: Pairing | None = None, bise
                   boundaries=boundaries, layers=layer_rows(boundaries), culprit=culprit,
                   environment=environment_of(compare.a, compare.b), problems=problems,
                   bisect=bisect, patch_results=patch_results,
-                  same_dump=str(compare.a.path) if compare.same_dump else None)
+                  same_dump=str(compare.a.path) if compare.same_dump else None, left_out=compare.left_out)
 
 
 def boundary_rows(comparisons: list[Comparison]) -> list[BoundaryRow]:

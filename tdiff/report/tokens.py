@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import torch
 
 from tdiff.compare.engine import Comparison
-from tdiff.compare.metrics import CHUNK_ELEMENTS, EXACT, Tolerance, beyond_tolerance, bits_of, json_number
+from tdiff.compare.metrics import CHUNK_ELEMENTS, EXACT, Tolerance, beyond_tolerance, bits_of, integer_abs_difference, \
+    json_number
 from tdiff.compare.pairing import Pairing, Side
 from tdiff.store import Dump
 
@@ -93,7 +94,12 @@ def token_errors(name: str, a: torch.Tensor, b: torch.Tensor, axis: int,
 
 
 def _beyond(a: torch.Tensor, b: torch.Tensor, tolerance: Tolerance) -> torch.Tensor:
-    return torch.from_numpy(beyond_tolerance(a.to(torch.float64).numpy(), b.to(torch.float64).numpy(), tolerance))
+    return torch.from_numpy(beyond_tolerance(_numbers(a), _numbers(b), tolerance))
+
+
+def _numbers(t: torch.Tensor):
+    """Floats in float64; integers as they are (beyond_tolerance differences them exactly)."""
+    return t.to(torch.float64).numpy() if t.is_floating_point() else t.numpy()
 
 
 def _difference(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
@@ -106,7 +112,10 @@ def _difference(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor | None, 
         differs = bits_of(a).ne(bits_of(b)).view(a.shape)
     else:
         differs = af.ne(bf) & ~(af.isnan() & bf.isnan())
-    abs_diff = (af - bf).abs()
+    if a.dtype == b.dtype and not a.is_floating_point():  # float64 would lose differences past 2**53
+        abs_diff = torch.from_numpy(integer_abs_difference(a.numpy(), b.numpy())).view(a.shape)
+    else:
+        abs_diff = (af - bf).abs()
     abs_diff = abs_diff.masked_fill(abs_diff.isnan() | ~differs, 0.0)
     return abs_diff, differs
 

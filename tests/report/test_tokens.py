@@ -43,3 +43,14 @@ def test_bits_only_differences_and_dtype_mismatch():
     mixed = token_errors("z", torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.5], dtype=torch.float64), 0)
     assert mixed.mismatched == [0, 1] and mixed.max_abs == [0.0, 0.5]
     assert not any(math.isnan(v) for v in mixed.max_abs)
+
+
+def test_integers_past_float64s_precision_keep_their_difference_per_token():
+    """As in compare (tests/compare/test_metrics.py): 2**60 and 2**60 + 1 differ by 1."""
+    from tdiff.compare.metrics import Tolerance
+
+    big = 1 << 60
+    a = torch.tensor([[big], [big]])
+    b = torch.tensor([[big], [big + 1]])
+    errors = token_errors("ids", a, b, 0, Tolerance(atol=0.0))
+    assert errors.max_abs == [0.0, 1.0] and errors.mismatched == [0, 1] and errors.differing == [0, 1]

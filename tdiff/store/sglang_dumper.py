@@ -24,11 +24,11 @@ from pathlib import Path
 import torch
 
 from tdiff.errors import DumpError
-from tdiff.hooks.selection import layer_of
 from tdiff.store.dtypes import dtype_name
 from tdiff.store.files import check_regular
 from tdiff.store.manifest import Part
 from tdiff.store.record import Record
+from tdiff.vocab.paths import ROOT_LABEL, layer_of
 
 FORMAT = "sglang-dumper"
 _NON_INTRUSIVE = "non_intrusive__"
@@ -178,7 +178,7 @@ def _record(file: str, key: str, tensor: torch.Tensor, tags: dict) -> Record:
         role, sub = "input", ".".join(p for p in (name, key) if p)
     else:
         sub = key
-    base = name if role == "explicit" else (module or "(model)")
+    base = name if role == "explicit" else (module or ROOT_LABEL)
     full_name = base + "".join(f"[{p}]" for p in sub.split(".")) if sub else base
     return Record(seq=_int(tags.get("dump_index"), 0), name=full_name, module=module, role=role,
                   step=_int(tags.get("step"), 0), call=0, rank=_int(tags.get("rank"), 0),

@@ -57,18 +57,18 @@ def _has_dumper_files(path: Path) -> bool:
     return any("___" in p.name or p.name.startswith("name=") for p in path.glob("*.pt"))
 
 
-def open_dumper_dump(path: Path):
-    """Index every file of a dumper directory (metadata only: tensors stay on disk)."""
-    from tdiff.store.reader import Dump
+def load_tensor(path: Path, record: Record) -> torch.Tensor:
+    """One record's tensor from the dumper directory ``path`` (the reader's loader for FORMAT)."""
+    value = _unwrap(_read(path / record.file, mmap=False))[0]
+    tensor = _at(value, record.key)
+    if not isinstance(tensor, torch.Tensor):
+        raise DumpError(f"{path / record.file}: no tensor at {record.key!r}")
+    return tensor.detach().contiguous()
 
-    class DumperDump(Dump):
-        def load(self, record: Record) -> torch.Tensor:
-            value = _unwrap(_read(self.path / record.file, mmap=False))[0]
-            tensor = _at(value, record.key)
-            if not isinstance(tensor, torch.Tensor):
-                raise DumpError(f"{self.path / record.file}: no tensor at {record.key!r}")
-            return tensor.detach().contiguous()
 
+def index_dumper_dir(path: Path) -> tuple[dict, list[Part], list[Record], list[str]]:
+    """Index every file of a dumper directory (metadata only: tensors stay on disk): the dump's
+    info, parts, records and problems, as :class:`tdiff.store.reader.Dump` takes them."""
     by_rank: dict[int, list[Record]] = defaultdict(list)
     problems, skipped = [], 0
     for file in sorted(path.glob("*.pt")):
@@ -99,7 +99,7 @@ def open_dumper_dump(path: Path):
     records = [r for part in parts for r in part.records]
     info = {"format": FORMAT, "side": path.name, "mode": "full", "storage": "torch.save",
             "skipped_values": skipped}
-    return DumperDump(path, info, parts, records, problems)
+    return info, parts, records, problems
 
 
 def _read(file: Path, *, mmap: bool):

@@ -68,7 +68,7 @@ def capture(out, side, select, exclude, layers, steps, mode, storage, max_pendin
     if repeat == 1:
         runs = [(out, config)]
     else:
-        from tdiff.bisect.repeats import write_repeat_index
+        from tdiff.store.repeats import write_repeat_index
 
         runs = [(run, {**config, "side": f"{config['side']} {run.name}"})
                 for run in write_repeat_index(out, repeat, list(command))]
@@ -90,7 +90,7 @@ def _ranges_text(text: str | None, what: str) -> str | None:
 def _prepare_out(out: Path, force: bool) -> None:
     if not out.exists() or not any(out.iterdir()):
         return
-    from tdiff.bisect.repeats import REPEAT_FILE
+    from tdiff.store.repeats import REPEAT_FILE
 
     if not ((out / DUMP_FILE).is_file() or (out / REPEAT_FILE).is_file()):
         raise TdiffError(f"{out} exists and is not a dump; choose another --out")

@@ -4,7 +4,7 @@ The stages, in the spirit of SGLang's comparator (plan from metadata, execute on
 the plan so a reader sees how two tensors were aligned):
 
 1. an adapter per framework (tdiff.align.adapters), picked from the classes the dump's modules
-   come from, finds the canonical boundaries (tdiff.align.boundaries) among its records;
+   come from, finds the canonical boundaries (tdiff.vocab.boundaries) among its records;
 2. the pieces each rank holds are grouped and their reassembly planned (tdiff.align.unshard);
 3. CanonicalPairing pairs both sides by canonical name and says what could not be aligned;
 4. when a pair is compared, its plan runs: combine records, split fused outputs, unshard, move
@@ -18,7 +18,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from tdiff.align.adapters import ADAPTERS, adapter_for, framework_of
-from tdiff.align.boundaries import KINDS
 from tdiff.align.pairing import Alignment, CanonicalPairing
 from tdiff.compare.pairing import NamePairing, Pairing
 from tdiff.errors import TdiffError
@@ -82,4 +81,4 @@ def _layout(dump: Dump) -> dict:
     return {}
 
 
-__all__ = ["Alignment", "CanonicalPairing", "KINDS", "choose_pairing"]
+__all__ = ["Alignment", "CanonicalPairing", "choose_pairing"]

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tdiff.align.boundaries import kind_of, order_key
 from tdiff.align.ops import Take
 from tdiff.align.unshard import Coords, UnshardError, UnshardStep, coords_of, execute_unshard, plan_unshard
 from tdiff.store import Dump, Record
+from tdiff.vocab.boundaries import kind_of, order_key
 
 
 @dataclass

@@ -14,11 +14,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from tdiff.align.adapters.base import Adapter, Canonicalized
-from tdiff.align.boundaries import order_key, split_name
 from tdiff.align.canonical import CanonicalTensor
 from tdiff.compare.pairing import Pair, Side
 from tdiff.errors import TdiffError
 from tdiff.store import Dump
+from tdiff.vocab.boundaries import order_key, split_name
 
 
 @dataclass

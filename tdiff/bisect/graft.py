@@ -27,6 +27,7 @@ from tdiff.compare.metrics import EXACT, Tolerance
 from tdiff.compare.pairing import NamePairing
 from tdiff.errors import TdiffError
 from tdiff.store import Dump
+from tdiff.vocab.paths import ROOT_LABEL
 
 VERDICTS = ("op_differs", "inputs_only")
 
@@ -44,8 +45,8 @@ class GraftVerdict:
     @property
     def description(self) -> str:
         if self.verdict == "op_differs":
-            return f"`{self.module or '(model)'}` differs on identical inputs: the op itself differs"
-        return (f"`{self.module or '(model)'}` matches on side A's inputs: only its inputs differed, "
+            return f"`{self.module or ROOT_LABEL}` differs on identical inputs: the op itself differs"
+        return (f"`{self.module or ROOT_LABEL}` matches on side A's inputs: only its inputs differed, "
                 "it did not introduce the divergence")
 
     def to_json(self) -> dict:
@@ -74,14 +75,14 @@ def run_graft(runner: Runner, a: Dump, result: BisectResult, tolerance: Toleranc
     inputs = [r for r in a.records
               if r.role == "input" and r.module == module and r.step == step and r.call == call]
     if not inputs:
-        raise TdiffError(f"--graft needs side A's inputs of `{module or '(model)'}` (step {step} call "
+        raise TdiffError(f"--graft needs side A's inputs of `{module or ROOT_LABEL}` (step {step} call "
                          f"{call}); {a.path} has none")
     if not all(r.has_data for r in inputs):
         raise TdiffError(f"--graft needs side A's inputs as tensors, and {a.path} was captured in stats "
                          "mode; capture side A with --mode full")
     spec = {"dump": str(a.path.resolve()), "module": module, "module_b": module_b, "step": step,
             "call": call}
-    run, b = runner.capture("B", "graft", f"`{module_b or '(model)'}` on side A's recorded inputs",
+    run, b = runner.capture("B", "graft", f"`{module_b or ROOT_LABEL}` on side A's recorded inputs",
                             mode="full", select=[f"^{re.escape(module_b)}$"], steps=str(step),
                             graft=spec)
     pairs = [p for p in NamePairing().pair(a, b)
@@ -95,7 +96,7 @@ def run_graft(runner: Runner, a: Dump, result: BisectResult, tolerance: Toleranc
     judge = EventComparator(a, b, tolerance)
     outputs = [judge.compare(p) for p in pairs if p.record.role == "output" and p.a is not None]
     if not outputs:
-        raise TdiffError(f"the graft run recorded no output of `{module_b or '(model)'}`")
+        raise TdiffError(f"the graft run recorded no output of `{module_b or ROOT_LABEL}`")
     differing = next((c for c in outputs if c.diverged), None)
     verdict = GraftVerdict(module=module, module_b=module_b, step=step, call=call,
                            verdict="op_differs" if differing else "inputs_only",

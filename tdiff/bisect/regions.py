@@ -14,9 +14,9 @@ import re
 from dataclasses import dataclass, field
 
 from tdiff.bisect.events import parent_of
-from tdiff.bisect.kinds import DECODER_LAYER
 from tdiff.store import Record
 from tdiff.store.dtypes import torch_dtype
+from tdiff.vocab.paths import DECODER_LAYER, ROOT_LABEL
 
 
 @dataclass
@@ -57,7 +57,7 @@ class Region:
         return sum(record_bytes(r) for r in records if r.alias_of is None and self.wants(r))
 
     def describe(self) -> str:
-        parts = [f"{path or '(model)'}{' and everything in it' if subtree else ''}"
+        parts = [f"{path or ROOT_LABEL}{' and everything in it' if subtree else ''}"
                  for path, subtree in self.entries]
         return f"step {self.step}: " + ", ".join(parts)
 

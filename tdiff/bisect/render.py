@@ -9,6 +9,7 @@ from tdiff.bisect.result import BisectResult
 from tdiff.bisect.search import BinarySearch
 from tdiff.report.console import describe, fmt_number
 from tdiff.text import printable
+from tdiff.vocab.paths import ROOT_LABEL
 
 
 def render_bisect(result: BisectResult, console: Console) -> None:
@@ -30,7 +31,7 @@ def render_bisect(result: BisectResult, console: Console) -> None:
         say(f"[green]match[/green]: all {result.checked:,} events compared are equal "
             f"({result.tolerance})")
     else:
-        where = d.module if d.module else ("(model)" if d.module is not None else "outside any module")
+        where = d.module if d.module else (ROOT_LABEL if d.module is not None else "outside any module")
         layer = f", layer {d.layer}" if d.layer is not None else ""
         record = d.comparison.record
         verb = "introduced" if d.introduced else "first seen"
@@ -39,7 +40,7 @@ def render_bisect(result: BisectResult, console: Console) -> None:
         say(f"  {escape(d.description)}")
         say(f"  first differing tensor {escape(d.name)}: {escape(describe(d.comparison, result.tolerance))}")
         if result.trail:
-            chain = " > ".join(f"{escape(t.module or '(model)')} (ULP at scale "
+            chain = " > ".join(f"{escape(t.module or ROOT_LABEL)} (ULP at scale "
                                f"{fmt_number(t.comparison.metrics.max_ulp_at_scale) if t.comparison.metrics else '-'})"
                                for t in result.trail)
             say(f"  enclosing modules that diverged too: {chain}")

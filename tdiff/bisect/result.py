@@ -25,7 +25,7 @@ from typing import Protocol
 
 from tdiff.compare.engine import Comparison
 from tdiff.compare.metrics import json_number
-from tdiff.hooks.selection import layer_of
+from tdiff.vocab.paths import layer_of
 
 EVENTS = ("output", "input", "between")
 

@@ -15,9 +15,9 @@ import re
 from dataclasses import dataclass
 
 from tdiff.bisect.events import parent_of
-from tdiff.bisect.kinds import DECODER_LAYER, LAYER_CONTAINER
 from tdiff.bisect.regions import Region, ancestors, parents_by_path
 from tdiff.store import Dump, Record
+from tdiff.vocab.paths import DECODER_LAYER, LAYER_CONTAINER, ROOT_LABEL
 
 # --exclude for the discovery run: everything inside a decoder layer (the layers themselves stay).
 INSIDE_LAYER = LAYER_CONTAINER + r"\."
@@ -43,7 +43,7 @@ class Boundary:
         return [NO_MODULE] if self.module is None else [f"^{re.escape(self.module)}$"]
 
     def __str__(self) -> str:
-        what = f"the dump `{self.name}`" if self.module is None else f"`{self.name or '(model)'}` output"
+        what = f"the dump `{self.name}`" if self.module is None else f"`{self.name or ROOT_LABEL}` output"
         return f"{what} (step {self.step}{f' call {self.call}' if self.call else ''})"
 
 

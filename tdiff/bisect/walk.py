@@ -22,7 +22,6 @@ from pathlib import Path
 
 from tdiff.bisect.events import (Stream, enclosing_outputs, last_child_event, parent_of,
                                  previous_at_level, split_streams)
-from tdiff.bisect.kinds import between_kind, explicit_kind, module_kind, record_kind
 from tdiff.bisect.result import BisectResult, Divergence, TrailEntry
 from tdiff.bisect.verdict import EventComparator
 from tdiff.compare.engine import Comparison
@@ -30,6 +29,8 @@ from tdiff.compare.metrics import EXACT, Tolerance
 from tdiff.compare.pairing import NamePairing, Pair, Pairing
 from tdiff.errors import TdiffError
 from tdiff.store import Dump, open_dump
+from tdiff.vocab.kinds import between_kind, explicit_kind, module_kind, record_kind
+from tdiff.vocab.paths import ROOT_LABEL
 
 
 def bisect_dumps(dump_a: Dump | str | Path, dump_b: Dump | str | Path, *,
@@ -211,7 +212,7 @@ def _call_kind(stream: Stream, index: int, module: str | None, depth: int) -> st
 
 
 def _path(module: str | None) -> str:
-    return module or "(model)"
+    return module or ROOT_LABEL
 
 
 def _describe(stream: Stream, index: int, forward: str | None) -> str:

@@ -181,7 +181,7 @@ class _work_dir:
 
 def _online(run_a, run_b, work, tolerance, budget_gb, no_stats_pass, steps, names, progress):
     from tdiff.bisect.online import OnlineOptions, bisect_commands
-    from tdiff.hooks.selection import parse_ranges
+    from tdiff.vocab.parse import parse_ranges
 
     parse_ranges(steps, "--steps")
     options = OnlineOptions(tolerance=tolerance, stats_pass=not no_stats_pass, steps=steps, names=names,

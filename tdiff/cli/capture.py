@@ -10,9 +10,10 @@ from pathlib import Path
 
 import click
 
-from tdiff.cli.options import parse_size, quiet_option
+from tdiff.cli.options import quiet_option
 from tdiff.errors import TdiffError
 from tdiff.store.manifest import DATA_DIR, DUMP_FILE, MANIFEST_DIR, STORAGES, describe_exit, read_part
+from tdiff.vocab.parse import parse_size
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -55,7 +56,7 @@ def capture(out, side, select, exclude, layers, steps, mode, storage, max_pendin
     command's own when it fails, 2 when nothing was captured, 3 when tdiff itself failed, else 0.
     """
     from tdiff.hooks.run import run_captured
-    from tdiff.hooks.selection import compile_patterns
+    from tdiff.vocab.parse import compile_patterns
 
     compile_patterns(select, "--select")
     compile_patterns(exclude, "--exclude")
@@ -68,7 +69,7 @@ def capture(out, side, select, exclude, layers, steps, mode, storage, max_pendin
     if repeat == 1:
         runs = [(out, config)]
     else:
-        from tdiff.bisect.repeats import write_repeat_index
+        from tdiff.store.repeats import write_repeat_index
 
         runs = [(run, {**config, "side": f"{config['side']} {run.name}"})
                 for run in write_repeat_index(out, repeat, list(command))]
@@ -81,7 +82,7 @@ def capture(out, side, select, exclude, layers, steps, mode, storage, max_pendin
 
 
 def _ranges_text(text: str | None, what: str) -> str | None:
-    from tdiff.hooks.selection import parse_ranges
+    from tdiff.vocab.parse import parse_ranges
 
     parse_ranges(text, what)  # validate before the command starts
     return text
@@ -90,7 +91,7 @@ def _ranges_text(text: str | None, what: str) -> str | None:
 def _prepare_out(out: Path, force: bool) -> None:
     if not out.exists() or not any(out.iterdir()):
         return
-    from tdiff.bisect.repeats import REPEAT_FILE
+    from tdiff.store.repeats import REPEAT_FILE
 
     if not ((out / DUMP_FILE).is_file() or (out / REPEAT_FILE).is_file()):
         raise TdiffError(f"{out} exists and is not a dump; choose another --out")

@@ -5,13 +5,9 @@ imported where an option is converted."""
 
 from __future__ import annotations
 
-import re
-
 import click
 
 from tdiff.errors import TdiffError
-
-_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*", re.IGNORECASE)
 
 
 def tolerance_options(command):
@@ -43,15 +39,6 @@ def tolerance_from(exact: bool, atol: float | None, rtol: float | None):
     if atol is None and rtol is None:
         return EXACT
     return Tolerance(atol=atol or 0.0, rtol=rtol or 0.0)
-
-
-def parse_size(text: str, what: str) -> int:
-    """'2GiB', '512M', '4096' style sizes in bytes (k/m/g/t are powers of 1024)."""
-    match = _SIZE.fullmatch(text)
-    if not match:
-        raise TdiffError(f"{what} {text!r} is not a size like 512M or 2GiB")
-    scale = 1024 ** "_kmgt".index(match.group(2).lower() or "_")
-    return int(float(match.group(1)) * scale)
 
 
 def quiet_option(command):

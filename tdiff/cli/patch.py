@@ -128,7 +128,7 @@ def try_(candidates, baseline, workdir, select, exclude, layers, steps, batch_ro
     unpatched control, then fewer mismatched tensors, then smaller max ULP.
     Exit status: 0 some candidate matches, 1 none does, 2 bad input or the control run failed.
     """
-    from tdiff.hooks.selection import compile_patterns, parse_ranges
+    from tdiff.vocab.parse import compile_patterns, parse_ranges
     from tdiff.report.console import make_console
     from tdiff.source_patcher.catalogue import candidates_from
     from tdiff.source_patcher.trial import CaptureSelection, try_candidates

@@ -17,10 +17,11 @@ from typing import Callable
 from tdiff.compare.metrics import EXACT, TensorMetrics, Tolerance, compare_tensors, json_number
 from tdiff.compare.pairing import NameFilter, NamePairing, Pair, Pairing, Side
 from tdiff.errors import TdiffError
-from tdiff.hooks.selection import layer_of, record_layer
 from tdiff.store import Dump, Record
 from tdiff.store.dtypes import torch_dtype
 from tdiff.store.fingerprint import fingerprint_algorithm, fingerprint_as
+from tdiff.vocab.kinds import record_kind
+from tdiff.vocab.paths import layer_of, record_layer
 
 DIVERGED_STATUSES = ("mismatch", "only_a", "only_b", "shape_mismatch", "dtype_mismatch")
 
@@ -54,9 +55,7 @@ class Comparison:
     @property
     def boundary_kind(self) -> str:
         """The kind `tdiff bisect` gives this boundary: the adapter's canonical kind, else one read
-        from the module's class and path (tdiff.bisect.kinds)."""
-        from tdiff.bisect.kinds import record_kind  # imported here: tdiff.bisect imports this module
-
+        from the module's class and path (tdiff.vocab.kinds)."""
         return record_kind(self.record, self.kind)
 
     def to_json(self) -> dict:

@@ -15,8 +15,8 @@ from typing import Callable, Protocol
 import torch
 
 from tdiff.errors import TdiffError
-from tdiff.hooks.selection import compile_patterns
 from tdiff.store import Dump, Record
+from tdiff.vocab.parse import compile_patterns
 
 
 @dataclass

@@ -38,7 +38,9 @@ from tdiff.hooks.annotations import annotate, annotating_framework
 from tdiff.hooks.cuda_graphs import DEFAULT_GRAPH_BUDGET, GraphRecorder, install_graph_hooks
 from tdiff.hooks.device import Summarizer, host_copy
 from tdiff.hooks.naming import ModulePaths, flatten_call_inputs, flatten_tensors, tensor_name
-from tdiff.hooks.selection import Selection, call_layer, layer_of, parse_ranges
+from tdiff.hooks.selection import Selection
+from tdiff.vocab.parse import parse_ranges
+from tdiff.vocab.paths import call_layer, layer_of
 
 MODES = ("full", "stats")
 
@@ -52,7 +54,7 @@ class _Frame:
     def __init__(self, module, path, call, annotator, layer, compiled=False):
         self.module, self.path, self.call = module, path, call
         self.annotator = annotator   # the framework whose annotator describes this call's records
-        self.layer = layer           # the decoder layer this call belongs to (tdiff.hooks.selection.call_layer)
+        self.layer = layer           # the decoder layer this call belongs to (tdiff.vocab.paths.call_layer)
         self.compiled = compiled     # a torch.compile'd module: what it calls runs as compiled code
 
 

@@ -20,6 +20,7 @@ import torch
 from tdiff.store.dtypes import dtype_name, to_bytes_view
 from tdiff.store.fingerprint import digest_format, host_stats, mix64_fingerprint_tensor, stats_dict, \
     tensor_stats, xxh3_fingerprint
+from tdiff.vocab.parse import parse_size
 
 _BATCH = 512  # summaries copied to the host together
 
@@ -169,8 +170,6 @@ def max_device_staging() -> int:
     global _limit_cache
     text = os.environ.get(STAGING_ENV)
     if text != _limit_cache[0]:
-        from tdiff.cli.options import parse_size
-
         _limit_cache = (text, DEFAULT_MAX_DEVICE_STAGING if text is None else parse_size(text, STAGING_ENV))
     return _limit_cache[1]
 

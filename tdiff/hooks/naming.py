@@ -15,7 +15,8 @@ from collections.abc import Iterator, Mapping
 
 import torch
 
-ROOT_LABEL = "(model)"
+from tdiff.vocab.paths import ROOT_LABEL
+
 _MAX_DEPTH = 6
 
 # Per-call context objects that hold many tensors every layer receives again (SGLang's

@@ -13,6 +13,7 @@ from rich.text import Text
 
 from tdiff.compare.engine import CompareReport, Comparison
 from tdiff.text import printable
+from tdiff.vocab.paths import ROOT_LABEL
 
 
 class _PlainConsole(Console):
@@ -112,7 +113,7 @@ def summary_line(report: CompareReport) -> str:
         left_out = f"; {report.left_out} tensor(s) left out by --layer/--select/--exclude" if report.left_out else ""
         return f"match: all {counts['compared']} tensors equal ({report.options.tolerance.describe()}){left_out}"
     diverged = counts["compared"] - counts["match"]
-    where = f" (module {first.record.module or '(model)'}, {first.record.role})" if first.record.role != "explicit" else ""
+    where = f" (module {first.record.module or ROOT_LABEL}, {first.record.role})" if first.record.role != "explicit" else ""
     return (f"diverged: {diverged} of {counts['compared']} tensors differ; first: {first.name}{where} "
             f"step {first.record.step} call {first.record.call}: "
             f"{describe(first, report.options.tolerance.describe())}")

@@ -12,21 +12,19 @@ first divergence) is reloaded from both dumps for its per-token error.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 
 from tdiff.compare.engine import CompareReport, Comparison
 from tdiff.compare.metrics import json_number
 from tdiff.compare.pairing import NamePairing, Pairing
 from tdiff.errors import TdiffError
-from tdiff.hooks.selection import layer_of
 from tdiff.report.console import summary_line
 from tdiff.report.environment import Environment, environment_of
 from tdiff.report.tokens import TokenErrors, culprit_token_errors
+from tdiff.vocab.boundaries import parse_layer_name
+from tdiff.vocab.paths import ROOT_LABEL, layer_of
 
 LAYER_ITSELF = "(layer)"    # the boundary of a decoder layer's own inputs and outputs
-MODEL_ITSELF = "(model)"    # the outermost model's
-_CANONICAL_LAYER = re.compile(r"^layers\.(\d+)(?:\.(.+))?$")
 
 
 def boundary_of(c: Comparison) -> tuple[int | None, str]:
@@ -40,15 +38,15 @@ def boundary_of(c: Comparison) -> tuple[int | None, str]:
     record = c.record
     canonical = record.attrs.get("canonical") or (c.name if c.name != record.name else None)
     if canonical:
-        match = _CANONICAL_LAYER.match(canonical)
-        if match:
-            return int(match.group(1)), match.group(2) or LAYER_ITSELF
+        in_layer = parse_layer_name(canonical)
+        if in_layer:
+            return in_layer[0], in_layer[1] or LAYER_ITSELF
         return None, canonical
     if record.role == "explicit":
         return None, record.name
     layer = c.layer
     if layer is None:
-        return None, record.module or MODEL_ITSELF
+        return None, record.module or ROOT_LABEL
     return layer, _within_layer(record.module, layer)
 
 

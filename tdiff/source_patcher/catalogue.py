@@ -14,12 +14,10 @@ from pathlib import Path
 from tdiff.errors import TdiffError
 from tdiff.source_patcher.spec import (Candidate, Fields, PatchSpec, load_patch_file, load_yaml,
                                        patch_from_mapping, read_text)
+from tdiff.vocab.kinds import KINDS
 
 CATALOGUE_FILE = Path(__file__).with_name("catalogue.yaml")
 BUILTIN = "builtin"
-# tdiff bisect's boundary kinds
-KINDS = ("embedding", "norm", "rope", "attention", "linear", "activation", "mlp", "moe_router", "moe_topk",
-         "moe_dispatch", "moe_experts", "moe_combine", "residual", "logits", "logprobs", "other")
 
 
 @functools.cache

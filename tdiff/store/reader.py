@@ -19,9 +19,14 @@ from tdiff.store.files import check_regular, read_regular
 from tdiff.store.fingerprint import fingerprint_algorithm, xxh3_fingerprint
 from tdiff.store.manifest import DATA_DIR, DUMP_FILE, MANIFEST_DIR, Part, check_format, describe_exit, read_part
 from tdiff.store.record import Record
-from tdiff.store.sglang_dumper import find_dumper_dir, open_dumper_dump
+from tdiff.store import sglang_dumper
 from tdiff.store.storage import storage_for_file
 from tdiff.errors import DumpError
+
+
+# Formats read in place besides tdiff's own (info["format"] -> how to load one record's tensor):
+# their directories are indexed into records like a dump's manifests.
+_FOREIGN_LOADERS = {sglang_dumper.FORMAT: sglang_dumper.load_tensor}
 
 
 class Dump:
@@ -62,6 +67,9 @@ class Dump:
         return str(self.info.get("side") or self.path.name)
 
     def load(self, record: Record) -> torch.Tensor:
+        foreign = _FOREIGN_LOADERS.get(self.info.get("format"))
+        if foreign is not None:
+            return foreign(self.path, record)
         if record.file is None:
             raise DumpError(f"{self.path}: {record.name} was captured in stats mode and has no data; "
                             "capture it with --mode full")
@@ -98,11 +106,11 @@ def _open_dump(path: Path, allow_incomplete: bool) -> Dump:
         raise DumpError(f"{path}: not a dump (a dump is a directory written by `tdiff capture`)")
     header_path = path / DUMP_FILE
     if not header_path.exists():
-        dumper_dir = find_dumper_dir(path)
+        dumper_dir = sglang_dumper.find_dumper_dir(path)
         if dumper_dir is None:
             raise DumpError(f"{path}: not a tdiff dump (no {DUMP_FILE}) nor SGLang dumper output (no "
                             "*.pt files); capture one with `tdiff capture`")
-        return _checked(open_dumper_dump(dumper_dir), allow_incomplete)
+        return _checked(Dump(dumper_dir, *sglang_dumper.index_dumper_dir(dumper_dir)), allow_incomplete)
     try:
         info = json.loads(read_regular(header_path, "dump header").decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):

@@ -24,11 +24,11 @@ from pathlib import Path
 import torch
 
 from tdiff.errors import DumpError
-from tdiff.hooks.selection import layer_of
 from tdiff.store.dtypes import dtype_name
 from tdiff.store.files import check_regular
 from tdiff.store.manifest import Part
 from tdiff.store.record import Record
+from tdiff.vocab.paths import ROOT_LABEL, layer_of
 
 FORMAT = "sglang-dumper"
 _NON_INTRUSIVE = "non_intrusive__"
@@ -57,18 +57,18 @@ def _has_dumper_files(path: Path) -> bool:
     return any("___" in p.name or p.name.startswith("name=") for p in path.glob("*.pt"))
 
 
-def open_dumper_dump(path: Path):
-    """Index every file of a dumper directory (metadata only: tensors stay on disk)."""
-    from tdiff.store.reader import Dump
+def load_tensor(path: Path, record: Record) -> torch.Tensor:
+    """One record's tensor from the dumper directory ``path`` (the reader's loader for FORMAT)."""
+    value = _unwrap(_read(path / record.file, mmap=False))[0]
+    tensor = _at(value, record.key)
+    if not isinstance(tensor, torch.Tensor):
+        raise DumpError(f"{path / record.file}: no tensor at {record.key!r}")
+    return tensor.detach().contiguous()
 
-    class DumperDump(Dump):
-        def load(self, record: Record) -> torch.Tensor:
-            value = _unwrap(_read(self.path / record.file, mmap=False))[0]
-            tensor = _at(value, record.key)
-            if not isinstance(tensor, torch.Tensor):
-                raise DumpError(f"{self.path / record.file}: no tensor at {record.key!r}")
-            return tensor.detach().contiguous()
 
+def index_dumper_dir(path: Path) -> tuple[dict, list[Part], list[Record], list[str]]:
+    """Index every file of a dumper directory (metadata only: tensors stay on disk): the dump's
+    info, parts, records and problems, as :class:`tdiff.store.reader.Dump` takes them."""
     by_rank: dict[int, list[Record]] = defaultdict(list)
     problems, skipped = [], 0
     for file in sorted(path.glob("*.pt")):
@@ -99,7 +99,7 @@ def open_dumper_dump(path: Path):
     records = [r for part in parts for r in part.records]
     info = {"format": FORMAT, "side": path.name, "mode": "full", "storage": "torch.save",
             "skipped_values": skipped}
-    return DumperDump(path, info, parts, records, problems)
+    return info, parts, records, problems
 
 
 def _read(file: Path, *, mmap: bool):
@@ -178,7 +178,7 @@ def _record(file: str, key: str, tensor: torch.Tensor, tags: dict) -> Record:
         role, sub = "input", ".".join(p for p in (name, key) if p)
     else:
         sub = key
-    base = name if role == "explicit" else (module or "(model)")
+    base = name if role == "explicit" else (module or ROOT_LABEL)
     full_name = base + "".join(f"[{p}]" for p in sub.split(".")) if sub else base
     return Record(seq=_int(tags.get("dump_index"), 0), name=full_name, module=module, role=role,
                   step=_int(tags.get("step"), 0), call=0, rank=_int(tags.get("rank"), 0),

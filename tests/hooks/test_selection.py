@@ -1,7 +1,9 @@
 import pytest
 
 from tdiff.errors import TdiffError
-from tdiff.hooks.selection import Selection, layer_of, parse_ranges
+from tdiff.hooks.selection import Selection
+from tdiff.vocab.parse import parse_ranges
+from tdiff.vocab.paths import layer_of
 
 
 @pytest.mark.parametrize("text, expected", [

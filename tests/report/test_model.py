@@ -4,7 +4,7 @@ import torch
 
 import tdiff
 from tdiff.compare.engine import Comparison, compare_dumps
-from tdiff.report.model import LAYER_ITSELF, MODEL_ITSELF, boundary_of, build_report
+from tdiff.report.model import LAYER_ITSELF, boundary_of, build_report
 from tdiff.store import Record, open_dump
 from tests.helpers import tiny_qwen2, token_ids
 
@@ -28,7 +28,7 @@ def test_boundary_of_groups_by_module_path_within_the_layer():
                                   "decoder.layers.0.mlp.experts.1.linear_fc1")) == (0, "mlp.experts.1.linear_fc1")
     assert boundary_of(comparison("transformer.h.2.attn", "transformer.h.2.attn")) == (2, "attn")
     assert boundary_of(comparison("model.norm", "model.norm")) == (None, "model.norm")
-    assert boundary_of(comparison("(model)[logits]", "")) == (None, MODEL_ITSELF)
+    assert boundary_of(comparison("(model)[logits]", "")) == (None, "(model)")
     assert boundary_of(comparison("logprobs", "model", role="explicit")) == (None, "logprobs")
 
 

@@ -6,10 +6,11 @@ import pytest
 
 import tdiff
 from tdiff.source_patcher import apply_patches
-from tdiff.source_patcher.catalogue import KINDS, builtin, candidates_from, catalogue, entries_for_kind, patches_from
+from tdiff.source_patcher.catalogue import builtin, candidates_from, catalogue, entries_for_kind, patches_from
 from tdiff.source_patcher.check import OK, check_patches
 from tdiff.source_patcher.fixes.reduction import fixed_order_sum
 from tdiff.store import open_dump
+from tdiff.vocab.kinds import KINDS
 from tests.helpers import tdiff_cli
 from tests.source_patcher import planted
 from tests.source_patcher.numerics import introducers

@@ -7,10 +7,10 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from tdiff.align.boundaries import MODEL_INPUTS, layer_name, split_name
 from tdiff.align.canonical import CanonicalTensor, Piece, assemble
 from tdiff.align.ops import Take, TokensFirst
 from tdiff.store import Dump, Record
+from tdiff.vocab.boundaries import MODEL_INPUTS, layer_name, split_name
 
 
 class View:

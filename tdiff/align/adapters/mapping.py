@@ -27,13 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tdiff.align.adapters.base import Adapter, View
-from tdiff.align.boundaries import KINDS, LAYER_BOUNDARIES, kind_of
 from tdiff.align.canonical import Piece
 from tdiff.align.ops import Narrow, TokensFirst
 from tdiff import bounded_yaml
 from tdiff.bounded_yaml import brief
 from tdiff.errors import TdiffError
 from tdiff.store.files import read_regular
+from tdiff.vocab.boundaries import LAYER_BOUNDARIES, kind_of
+from tdiff.vocab.kinds import KINDS
 
 LAYOUTS = ("bs", "sb", "t")
 _RULE_KEYS = {"module", "explicit", "role", "sub", "boundary", "layout", "slice", "shard", "kind"}

@@ -3,7 +3,7 @@
 Activations are flattened [tokens, hidden]; q|k|v and gate|up are fused (``qkv_proj``,
 ``gate_up_proj``); RMSNorm fuses the residual add and returns (normed, residual), so the residual
 stream lives in the norms' second output; one RotaryEmbedding module is shared by all layers (each
-call belongs to the layer that made it: tdiff.hooks.selection.record_layer); ``FusedMoE`` runs all
+call belongs to the layer that made it: tdiff.vocab.paths.record_layer); ``FusedMoE`` runs all
 routed experts at once after ``topk``.
 
 At capture time :func:`annotate` records each rank's parallel coordinates and shard specs.
@@ -17,7 +17,7 @@ import torch
 
 from tdiff.align.adapters.base import Adapter, Rule, View, piece
 from tdiff.align.ops import Add, Halve, Narrow, SortedTopk, TokensFirst
-from tdiff.hooks.selection import record_layer
+from tdiff.vocab.paths import record_layer
 
 _LAYER = r"(?:.*\.)?layers\.(?P<layer>\d+)\."
 _MODEL = r"(?:.*\.)?model|"        # the *Model module (the root itself when it is the capture root)

@@ -12,7 +12,7 @@ import sys
 
 def _activate():
     try:
-        from tdiff.bootstrap import activate_from_env
+        from tdiff.child_startup import activate_from_env
 
         activate_from_env()
     except Exception as exc:  # noqa: BLE001 - never break the user's process at start-up

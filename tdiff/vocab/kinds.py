@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import re
 
+from tdiff.vocab.paths import DECODER_LAYER
+
+# Every kind a boundary can have: bisect names the culprit's, compare and the report show them,
+# mapping files and the fix catalogue (tdiff.source_patcher) refer to them.
 KINDS = ("embedding", "norm", "rope", "attention", "linear", "activation", "mlp", "moe_router",
          "moe_topk", "moe_dispatch", "moe_experts", "moe_combine", "residual", "logits", "logprobs",
          "other")
-
-# A decoder layer's path ends in one of these: "model.layers.3", "decoder.layers.0",
-# "transformer.h.2" (the containers tdiff.hooks.selection.layer_of knows).
-LAYER_CONTAINER = r"(?:^|\.)(?:layers|layer|h|blocks)\.\d+"
-DECODER_LAYER = re.compile(LAYER_CONTAINER + "$")
 
 # (kind, class-name pattern, last-path-part pattern); the first rule that matches wins, so the
 # specific ones come first (RotaryEmbedding before Embedding, lm_head before Linear, experts

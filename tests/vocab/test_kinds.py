@@ -3,7 +3,7 @@ between two events."""
 
 import pytest
 
-from tdiff.bisect.kinds import KINDS, between_kind, explicit_kind, module_kind
+from tdiff.vocab.kinds import KINDS, between_kind, explicit_kind, module_kind
 
 
 @pytest.mark.parametrize("path, cls, kind", [

@@ -2,8 +2,9 @@
 
 import re
 
-from tdiff.align.boundaries import (KINDS, LAYER_BOUNDARIES, MODEL_INPUTS, MODEL_OUTPUTS, kind_of, layer_index,
-                                    layer_name, order_key, split_name)
+from tdiff.vocab.boundaries import (LAYER_BOUNDARIES, MODEL_INPUTS, MODEL_OUTPUTS, kind_of, layer_index, layer_name,
+                                    order_key, parse_layer_name, split_name)
+from tdiff.vocab.kinds import KINDS
 from tests.helpers import REPO
 
 
@@ -14,6 +15,14 @@ def test_every_boundary_has_a_kind_bisect_knows():
     assert layer_index("layers.12.attn.q_rope") == 12 and layer_index("logits") is None
     assert split_name("layers.0.moe.topk_ids") == (0, "moe.topk_ids")
     assert split_name("layers.0.unknown") == (None, "layers.0.unknown")
+
+
+def test_names_under_a_layer_parse_whatever_their_boundary():
+    # the report groups user-annotated canonical names (outside the vocabulary) by layer too
+    assert parse_layer_name("layers.3.q_proj") == (3, "q_proj")
+    assert parse_layer_name("layers.3") == (3, None)
+    assert parse_layer_name("layers.3.") is None and parse_layer_name("model.layers.3.mlp") is None
+    assert parse_layer_name("logits") is None
 
 
 def test_names_sort_in_execution_order():

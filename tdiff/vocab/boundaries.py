@@ -16,11 +16,6 @@ from __future__ import annotations
 
 import re
 
-# Kinds, shared with `tdiff bisect`, which classifies the first divergent boundary by them.
-KINDS = ("embedding", "norm", "rope", "attention", "linear", "activation", "mlp", "moe_router",
-         "moe_topk", "moe_dispatch", "moe_experts", "moe_combine", "residual", "logits",
-         "logprobs", "other")
-
 # Model-level boundaries before the decoder layers, in execution order.
 MODEL_INPUTS = {
     "input_ids": "other",        # token ids as the model received them
@@ -64,7 +59,7 @@ MODEL_OUTPUTS = {
     "logprobs": "logprobs",
 }
 
-_LAYER_NAME = re.compile(r"layers\.(\d+)\.(.+)")
+_IN_LAYER = re.compile(r"layers\.(\d+)(?:\.(.+))?")
 
 
 def layer_name(layer: int, boundary: str) -> str:
@@ -73,11 +68,18 @@ def layer_name(layer: int, boundary: str) -> str:
     return f"layers.{layer}.{boundary}"
 
 
+def parse_layer_name(name: str) -> tuple[int, str | None] | None:
+    """(layer, the rest) of a name under a decoder layer, ``layers.N[.rest]``, whether or not the
+    rest is a boundary of the vocabulary (rest None for ``layers.N`` itself); None otherwise."""
+    match = _IN_LAYER.fullmatch(name)
+    return (int(match.group(1)), match.group(2)) if match else None
+
+
 def split_name(name: str) -> tuple[int | None, str]:
     """(layer, boundary) of a canonical name; layer is None for model-level boundaries."""
-    match = _LAYER_NAME.fullmatch(name)
-    if match and match.group(2) in LAYER_BOUNDARIES:
-        return int(match.group(1)), match.group(2)
+    parsed = parse_layer_name(name)
+    if parsed and parsed[1] in LAYER_BOUNDARIES:
+        return parsed[0], parsed[1]
     return None, name
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable
 
 from tdiff.compare.metrics import EXACT, TensorMetrics, Tolerance, compare_tensors, json_number
 from tdiff.compare.pairing import NameFilter, NamePairing, Pair, Pairing, Side

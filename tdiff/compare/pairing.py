@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 

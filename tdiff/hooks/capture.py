@@ -23,6 +23,7 @@ import sys
 import threading
 import weakref
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -33,6 +34,9 @@ from tdiff.store.manifest import create_dump, new_part_id
 from tdiff.store.record import Record
 from tdiff.store.storage import STORAGES
 from tdiff.store.writer import DEFAULT_MAX_PENDING, DEFAULT_SHARD_BYTES, DumpWriter, Pending
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from Python 3.11
 from tdiff.errors import TdiffError
 from tdiff.hooks.annotations import annotate, annotating_framework
 from tdiff.hooks.cuda_graphs import DEFAULT_GRAPH_BUDGET, GraphRecorder, install_graph_hooks
@@ -115,7 +119,7 @@ class Capture:
             self._graft = InputGraft(**graft)
 
     # ---- lifecycle ----
-    def start(self) -> Capture:
+    def start(self) -> Self:
         global _active
         if _active is not None:
             raise TdiffError(f"a capture into {_active.root} is already active in this process")
@@ -143,7 +147,7 @@ class Capture:
             self.writer.close(error, notes=self.notes)
             self.writer = None
 
-    def __enter__(self) -> Capture:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, exc_type, exc, traceback) -> None:
@@ -354,7 +358,7 @@ class Capture:
             if dist.is_available() and dist.is_initialized():
                 self._rank, self._rank_known = dist.get_rank(), True
             else:
-                self._rank = int(os.environ.get("RANK", 0))
+                self._rank = int(os.environ.get("RANK", "0"))
         return self._rank
 
     # ---- engines that call model.forward() directly ----

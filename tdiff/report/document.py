@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Union
 
 import tdiff
 from tdiff.report.console import describe, fmt_number
@@ -27,7 +26,7 @@ class Strong(str):
     """Text shown in bold."""
 
 
-Inline = Union[str, tuple]      # a str (plain, Code or Strong), or a tuple of them
+Inline = str | tuple  # a str (plain, Code or Strong), or a tuple of them
 
 
 @dataclass
@@ -63,7 +62,7 @@ class Plots:
     """Where the HTML report draws its figures (the Markdown report has none)."""
 
 
-Block = Union[Heading, Paragraph, Table, Plots]
+Block = Heading | Paragraph | Table | Plots
 
 
 @dataclass
@@ -99,8 +98,8 @@ def headline(report: Report) -> tuple:
     culprit = report.culprit
     if culprit is None and report.same_dump is not None:
         return (Strong("Match:"), " A and B are the same dump (", Code(report.same_dump),
-                f"), so its {report.counts['compared']:,} tensors equal themselves; give two different "
-                "runs to compare.")
+                (f"), so its {report.counts['compared']:,} tensors equal themselves; give two different "
+                 "runs to compare."))
     if culprit is None:
         equal = "bitwise equal" if report.tolerance == "bitwise" else f"equal within {report.tolerance}"
         return (Strong("Match:"), f" all {report.counts['compared']:,} tensors are {equal}.")
@@ -216,8 +215,9 @@ def bisect_blocks(result: dict) -> list[Block]:
     found = result.get("first_divergence")
     if result.get("status") == "diverged" and not found:  # only tensors missing from an incomplete dump
         notes = [str(n) for n in result.get("notes") or []]
-        return [Paragraph((Strong("Diverged:"), f" every event compared on both sides matches ({events}), "
-                           "but tensors are missing on one side, so no op is named. ", *notes[-1:]))]
+        why = (f" every event compared on both sides matches ({events}), "
+               "but tensors are missing on one side, so no op is named. ")
+        return [Paragraph((Strong("Diverged:"), why, *notes[-1:]))]
     if result.get("status") == "match" or not found:
         return [Paragraph((Strong("Match:"), f" bisect found no divergence ({events})."))]
     introduced = found.get("introduced")
@@ -226,8 +226,8 @@ def bisect_blocks(result: dict) -> list[Block]:
                                                if found.get(k) is not None]
     headline = (Strong(verb), " ", Code(str(found.get("name"))), f" ({', '.join(where)}); {events}.")
     if introduced is False:
-        headline += (" Its inputs already differed: bisect could not prove the divergence is "
-                     "introduced here.",)
+        headline += ((" Its inputs already differed: bisect could not prove the divergence is "
+                      "introduced here."),)
     metrics = found.get("metrics") or {}
     rows = ([["where", str(found["description"])]] if found.get("description") else []) + [
             ["module (A)", Code(str(found["module"])) if found.get("module") else "-"],

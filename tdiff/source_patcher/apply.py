@@ -22,6 +22,7 @@ import os
 import types
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tdiff.bootstrap.imports import when_imported
 from tdiff.source_patcher.codegen import (CompileError, build, check_replacement_signature, edited_node,
@@ -30,6 +31,9 @@ from tdiff.source_patcher.edits import EditError, apply_edits
 from tdiff.source_patcher.errors import PatchError, TargetNotInstalled
 from tdiff.source_patcher.source import TargetSource, definition, module_source, split_target
 from tdiff.source_patcher.spec import PatchSpec
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from Python 3.11
 
 
 @dataclass
@@ -75,7 +79,7 @@ class _Activation:
     def apply(self) -> None:
         try:
             disable = self.enable()
-        except Exception as exc:  # noqa: BLE001 - reported as this patch's failure
+        except Exception as exc:  # reported as this patch's failure
             raise PatchError(self.patch.name, self.patch.target,
                              f"{self.patch.activate} failed: {type(exc).__name__}: {exc}") from exc
         if not callable(disable):
@@ -102,7 +106,7 @@ class ActivePatches:
     skipped: list[PatchError] = field(default_factory=list)   # optional patches whose package is absent
     active: bool = False
 
-    def start(self) -> "ActivePatches":
+    def start(self) -> Self:
         groups: dict[str, list[PatchSpec]] = {}
         for patch in self.patches:
             try:
@@ -128,7 +132,7 @@ class ActivePatches:
             self.applied[-1].undo()
             self.applied.pop()
 
-    def __enter__(self) -> "ActivePatches":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -139,7 +143,7 @@ class ActivePatches:
             return  # restored before this module was imported
         try:
             self._apply_module(module, patches)
-        except Exception as exc:  # noqa: BLE001 - handed to on_error, which decides
+        except Exception as exc:  # handed to on_error, which decides
             if self.on_error is None:
                 raise
             self.on_error(exc)

@@ -137,7 +137,7 @@ def build(node: ast.AST, freevars: tuple[str, ...], *, signature_changed: bool, 
     code = compile_factory(node, freevars, signature_changed=signature_changed, future_flags=future_flags,
                            filename=filename)
     namespace: dict = {}
-    exec(code, namespace)  # defines the factory only
+    exec(code, namespace)  # noqa: S102 - the patched function's own compiled code; defines the factory only
     factory = types.FunctionType(namespace[FACTORY].__code__, globals_)
     try:
         function = factory()

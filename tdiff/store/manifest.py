@@ -103,7 +103,7 @@ class ManifestJournal:
 
     def __init__(self, root: Path, part: str, header: dict):
         self.path = root / MANIFEST_DIR / f"{part}.jsonl"
-        self._file = open(self.path, "x", encoding="utf-8")
+        self._file = open(self.path, "x", encoding="utf-8")  # noqa: SIM115 - open until close() ends the part
         self._write({"type": "header", "format": FORMAT, "version": FORMAT_VERSION, "part": part,
                      "pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
                      **header})

@@ -43,7 +43,7 @@ class SafetensorsStorage:
 
         try:
             return _SafetensorsShard(safe_open(str(path), framework="pt"), path)
-        except Exception as exc:  # safetensors raises its own error types for a damaged header
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types for a damaged header
             raise DumpError(f"{path}: cannot open tensor shard ({_first_line(exc)}); "
                             "the file is truncated or corrupted") from None
 
@@ -71,7 +71,7 @@ class _SafetensorsShard:
             return self._handle.get_tensor(key)
         except DumpError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a damaged shard fails with many error types
             raise DumpError(f"{self._path}: cannot read tensor {key!r} ({_first_line(exc)}); "
                             "the file is truncated or corrupted") from None
 
@@ -94,7 +94,7 @@ class H5Storage:
 
         try:
             return _H5Shard(h5py.File(path, "r"), path)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - h5py raises many error types for a damaged file
             raise DumpError(f"{path}: cannot open HDF5 shard ({_first_line(exc)}); "
                             "the file is truncated or corrupted") from None
 
@@ -133,7 +133,7 @@ class _H5Shard:
             return torch.from_numpy(dataset[()])
         except DumpError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a damaged shard fails with many error types
             raise DumpError(f"{self._path}: cannot read tensor {key!r} ({_first_line(exc)}); "
                             "the file is corrupted") from None
 

@@ -12,6 +12,8 @@ sharded over them (see tdiff.align.unshard).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import ClassVar
 
 import torch
 
@@ -45,18 +47,19 @@ class MegatronAdapter(Adapter):
         Rule(r"(?:.*\.)?decoder\.layers\.(?P<layer>\d+)", "output", ("0",), "output", "sb"),
         Rule(_TOP + r"decoder\.final_layernorm", "output", ("",), "final_norm", "sb"),
     )
-    not_exposed = {
+    not_exposed: Mapping[str, str] = {
         "moe.router": "Megatron's TopKRouter computes its logits inside forward; it outputs "
                       "probabilities and a routing map",
     }
 
     # linear layers whose output may come with a separately returned bias ("1")
-    _LINEARS = {
+    _LINEARS: ClassVar[dict[str, str]] = {
         r"self_attention\.linear_proj": "attn.out",
         r"mlp\.linear_fc2": "mlp.down",
         r"mlp\.shared_experts": "moe.shared",
     }
-    _LINEAR_PATTERNS = [(re.compile(_LAYER + p), b) for p, b in _LINEARS.items()]
+    _LINEAR_PATTERNS: ClassVar[list[tuple[re.Pattern, str]]] = [(re.compile(_LAYER + p), b)
+                                                                 for p, b in _LINEARS.items()]
     _OUTPUT_LAYER = re.compile(_TOP + "output_layer")
     _QKV = re.compile(_LAYER + r"self_attention\.linear_qkv")
     _CORE = re.compile(_LAYER + r"self_attention\.core_attention")

@@ -28,8 +28,6 @@ from tdiff.compare.pairing import NamePairing
 from tdiff.errors import TdiffError
 from tdiff.store import Dump
 
-VERDICTS = ("op_differs", "inputs_only")
-
 
 @dataclass
 class GraftVerdict:

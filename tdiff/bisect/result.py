@@ -27,8 +27,6 @@ from tdiff.compare.engine import Comparison
 from tdiff.compare.metrics import json_number
 from tdiff.hooks.selection import layer_of
 
-EVENTS = ("output", "input", "between")
-
 
 class Section(Protocol):
     def to_json(self) -> dict: ...

@@ -22,8 +22,9 @@ from importlib import metadata
 import sys
 import threading
 import weakref
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -47,7 +48,7 @@ from tdiff.hooks.selection import Selection, call_layer, layer_of, parse_ranges
 MODES = ("full", "stats")
 
 _active: Capture | None = None
-_original_call = None
+_original_call: Callable[..., Any] | None = None
 
 
 class _Frame:
@@ -109,7 +110,7 @@ class Capture:
         self._rank: int | None = None
         self._rank_known = False   # torch.distributed gave it: it cannot change any more
         self._summaries = Summarizer()
-        self._forward_restore = None
+        self._forward_restore: Callable[[], None] | None = None
         self._graphs = GraphRecorder(self, graph_budget_bytes)   # CUDA graph capture and replays
         self.notes: list[str] = []   # what the dump must say about how it was recorded
         self._graft = None
@@ -346,7 +347,11 @@ class Capture:
         key = id(original)
         aliases = self._aliases
         # the weak reference to the stored copy dies once the writer has written its shard
-        aliases[key] = _Seen(weakref.ref(original, lambda _, k=key: aliases.pop(k, None)), original._version,
+
+        def forget(_: weakref.ref) -> None:
+            aliases.pop(key, None)
+
+        aliases[key] = _Seen(weakref.ref(original, forget), original._version,
                              seq, weakref.ref(stored) if stored is not None else None, fingerprint)
 
     def _current_rank(self) -> int:
@@ -445,7 +450,7 @@ def _install_call_hook() -> None:
     global _original_call
     if _original_call is None:
         _original_call = torch.nn.Module.__call__
-        torch.nn.Module.__call__ = _tdiff_module_call
+        torch.nn.Module.__call__ = _tdiff_module_call  # type: ignore[method-assign]  # the capture hook
 
 
 def _after_fork_in_child() -> None:

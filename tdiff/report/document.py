@@ -188,7 +188,7 @@ def environment_table(report: Report) -> Table:
     env = report.environment
     host_used = False
 
-    def version(side: SideEnvironment, package: str) -> str:
+    def version(side: SideEnvironment, package: str) -> Inline:
         nonlocal host_used
         if package in side.versions:
             return side.versions[package]
@@ -196,7 +196,7 @@ def environment_table(report: Report) -> Table:
         installed = env.report_host.get(package)
         return f"{installed} (report host)" if installed else "not installed (report host)"
 
-    rows = [[package, version(env.a, package), version(env.b, package)] for package in PACKAGES]
+    rows: list[list[Inline]] = [[package, version(env.a, package), version(env.b, package)] for package in PACKAGES]
     rows += [["device", _tally(env.a.devices), _tally(env.b.devices)],
              ["dtypes", _tally(env.a.dtypes), _tally(env.b.dtypes)],
              ["processes", str(env.a.processes), str(env.b.processes)],
@@ -224,20 +224,21 @@ def bisect_blocks(result: dict) -> list[Block]:
     verb = "Introduced at" if introduced else "First differs at"
     where = [f"{found.get('event', '?')}"] + [f"{k} {found[k]}" for k in ("kind", "layer", "step")
                                                if found.get(k) is not None]
-    headline = (Strong(verb), " ", Code(str(found.get("name"))), f" ({', '.join(where)}); {events}.")
+    headline: tuple = (Strong(verb), " ", Code(str(found.get("name"))), f" ({', '.join(where)}); {events}.")
     if introduced is False:
         headline += ((" Its inputs already differed: bisect could not prove the divergence is "
                       "introduced here."),)
     metrics = found.get("metrics") or {}
-    rows = ([["where", str(found["description"])]] if found.get("description") else []) + [
-            ["module (A)", Code(str(found["module"])) if found.get("module") else "-"],
-            ["module (B)", Code(str(found["module_b"])) if found.get("module_b") else "-"],
-            ["event", str(found.get("event", "-"))], ["kind", str(found.get("kind") or "-")],
-            ["mismatch" if result.get("tolerance", "bitwise") == "bitwise" else "outside tolerance",
-             _percent(metrics.get("outside_fraction", metrics.get("mismatch_fraction")))],
-            ["max abs", fmt_number(metrics.get("max_abs"))], ["max ULP", fmt_number(metrics.get("max_ulp"))],
-            ["ULP at scale", fmt_number(metrics.get("max_ulp_at_scale"))],
-            ["cosine", fmt_number(metrics.get("cosine"), 9)]]
+    rows: list[list[Inline]] = [["where", str(found["description"])]] if found.get("description") else []
+    rows += [
+        ["module (A)", Code(str(found["module"])) if found.get("module") else "-"],
+        ["module (B)", Code(str(found["module_b"])) if found.get("module_b") else "-"],
+        ["event", str(found.get("event", "-"))], ["kind", str(found.get("kind") or "-")],
+        ["mismatch" if result.get("tolerance", "bitwise") == "bitwise" else "outside tolerance",
+         _percent(metrics.get("outside_fraction", metrics.get("mismatch_fraction")))],
+        ["max abs", fmt_number(metrics.get("max_abs"))], ["max ULP", fmt_number(metrics.get("max_ulp"))],
+        ["ULP at scale", fmt_number(metrics.get("max_ulp_at_scale"))],
+        ["cosine", fmt_number(metrics.get("cosine"), 9)]]
     trail = result.get("trail") or []
     if trail:
         shown = [Code(_name_of(t)) for t in trail[:TRAIL_SHOWN]]

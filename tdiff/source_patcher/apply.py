@@ -19,6 +19,7 @@ import importlib
 import inspect
 import linecache
 import os
+import sys
 import types
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -88,7 +89,8 @@ class _Activation:
         self.disable = disable
 
     def undo(self) -> None:
-        self.disable()
+        if self.disable is not None:  # None until apply() succeeded
+            self.disable()
 
 
 # id(function) -> the patches swapped into it, oldest first (patches on one function stack up)
@@ -191,6 +193,7 @@ class ActivePatches:
                 node, changed = edited_node(source, new_text, "\n".join(preambles) or None)
                 shown = new_text
             else:
+                assert patch.replace_with is not None, "activation patches are not swapped in here"
                 replacement = resolve_reference(patch, patch.replace_with)
                 check_replacement_signature(source.node, replacement)
                 node, changed, new_text = trampoline_node(source, patch.replace_with), False, None
@@ -204,7 +207,7 @@ class ActivePatches:
         linecache.cache[filename] = (len(shown), None, shown.splitlines(True), filename)
         original = function.__code__
         code = compiled.code.replace(co_name=original.co_name)
-        if hasattr(original, "co_qualname"):
+        if sys.version_info >= (3, 11):
             code = code.replace(co_qualname=original.co_qualname)
         defaults = (compiled.function.__defaults__, compiled.function.__kwdefaults__) if changed else None
         return _Swap(patch, function, (original, function.__defaults__, function.__kwdefaults__), new_text,

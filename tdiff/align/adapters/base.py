@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from tdiff.align.boundaries import MODEL_INPUTS, layer_name, split_name
 from tdiff.align.canonical import CanonicalTensor, Piece, assemble
-from tdiff.align.ops import Take, TokensFirst
+from tdiff.align.ops import Combine, Take, TokensFirst
 from tdiff.store import Dump, Record
 
 
@@ -143,8 +143,8 @@ def canonical_name(boundary: str, match: re.Match | None) -> str:
 
 
 def piece(boundary: str, match: re.Match | None, view: View, records: list[Record], *,
-          combine=Take(),  # noqa: B008 - Take holds no state: one shared default is safe
-          transforms=(), layout=(), call: int | None = None, layer: int | None = None) -> Piece:
+          combine: Combine = Take(), transforms=(), layout=(), call: int | None = None,
+          layer: int | None = None) -> Piece:
     name = layer_name(layer, boundary) if layer is not None else canonical_name(boundary, match)
     return Piece(name, view.step, records[0].call if call is None else call, records, combine,
                  tuple(transforms), tuple(layout))

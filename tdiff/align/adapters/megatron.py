@@ -18,7 +18,7 @@ from typing import ClassVar
 import torch
 
 from tdiff.align.adapters.base import Adapter, Rule, View, piece
-from tdiff.align.ops import Add, GroupedQKV, Halve, SeqMajorRows, TokensFirst, TopkFromRoutingMap
+from tdiff.align.ops import Add, Combine, GroupedQKV, Halve, SeqMajorRows, Take, TokensFirst, TopkFromRoutingMap
 from tdiff.store import Dump
 
 _LAYER = r"(?:.*\.)?decoder\.layers\.(?P<layer>\d+)\."
@@ -123,14 +123,13 @@ class MegatronAdapter(Adapter):
             heads, groups, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
             records = [record]
             bias = view.get(module, "output", "1", record.call)
-            combine = Add("bias returned separately") if bias is not None else None
+            combine: Combine = Add("bias returned separately") if bias is not None else Take()
             if bias is not None:
                 records.append(bias)
             for part in "qkv":
                 split = GroupedQKV(groups, heads // groups, head_dim, part)
-                kwargs = {"combine": combine} if combine else {}
-                out.append(piece(f"attn.{part}", match, view, records, transforms=(split,),
-                                 layout=(TokensFirst("sb"),), **kwargs))
+                out.append(piece(f"attn.{part}", match, view, records, combine=combine, transforms=(split,),
+                                 layout=(TokensFirst("sb"),)))
         return out
 
     def _fc1(self, view: View, match, module: str):
@@ -219,7 +218,7 @@ def annotate(module, path: str, role: str, sub: str, tensor) -> dict | None:
     parallel = _parallel_info()
     if parallel is None:
         return None
-    attrs = {"parallel": parallel}
+    attrs: dict[str, object] = {"parallel": parallel}
     spec = _shard_spec(module, path, role, sub)
     if spec:
         attrs["shard"] = spec

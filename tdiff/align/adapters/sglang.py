@@ -153,7 +153,7 @@ def annotate(module, path: str, role: str, sub: str, tensor) -> dict | None:
     parallel = _parallel_info()
     if parallel is None:
         return None
-    attrs = {"parallel": parallel}
+    attrs: dict[str, object] = {"parallel": parallel}
     spec = _shard_spec(module, role, sub)
     if spec:
         attrs["shard"] = spec

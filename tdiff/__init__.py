@@ -12,7 +12,7 @@ from tdiff.errors import DumpError, TdiffError
 
 __version__ = "0.1.0"
 _CAPTURE_API = ("capture", "dump", "step", "warmup", "graph_rows", "graph_replayed")
-__all__ = ["__version__", *_CAPTURE_API, "TdiffError", "DumpError"]
+__all__ = ["__version__", *_CAPTURE_API, "TdiffError", "DumpError"]  # noqa: PLE0604 - strings, listed once above
 
 
 def __getattr__(name):

@@ -21,9 +21,9 @@ def test_the_wheel_is_torch_tdiff_with_the_tdiff_package_and_command(tmp_path):
         names = archive.namelist()
         metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
         entry_points = archive.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
-    assert re.search(r"^Name: torch-tdiff$", metadata, re.M)
+    assert re.search(r"^Name: torch-tdiff$", metadata, re.MULTILINE)
     assert "tdiff/cli/__init__.py" in names and "tdiff/source_patcher/catalogue.yaml" in names
-    assert re.search(r"^tdiff = tdiff\.cli:main$", entry_points, re.M)
+    assert re.search(r"^tdiff = tdiff\.cli:main$", entry_points, re.MULTILINE)
 
 
 def test_the_readme_installs_the_distribution_pyproject_names():

@@ -21,7 +21,7 @@ def walkthrough_commands(readme: str) -> list[str]:
     """The commands of the bash blocks of the "Five-minute walkthrough" section, in order."""
     section = readme.split("## Five-minute walkthrough", 1)[1].split("\n## ", 1)[0]
     commands = []
-    for block in re.findall(r"```bash\n(.*?)```", section, re.S):
+    for block in re.findall(r"```bash\n(.*?)```", section, re.DOTALL):
         for line in block.replace("\\\n", " ").splitlines():
             if line.strip() and not line.strip().startswith("#"):
                 commands.append(line.strip())
@@ -39,7 +39,7 @@ def test_the_walkthrough_uses_every_command_and_the_shipped_candidates():
     shipped = yaml.safe_load((REPO / "examples" / "demo" / "candidates.yaml").read_text())
     patches_doc = (REPO / "docs" / "PATCHES.md").read_text()
     worked = patches_doc.split("## A worked example", 1)[1]
-    assert yaml.safe_load(re.search(r"```yaml\n(.*?)```", worked, re.S).group(1)) == shipped
+    assert yaml.safe_load(re.search(r"```yaml\n(.*?)```", worked, re.DOTALL).group(1)) == shipped
 
 
 @pytest.mark.slow

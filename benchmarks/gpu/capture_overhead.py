@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_common (it adds the repo)
 
-from _common import fresh_dir, median, save_every_tensor  # noqa: E402
+from _common import fresh_dir, median, save_every_tensor
 
 TARGETS = {"tdiff stats": 1.1, "tdiff full": 2.0}
 

@@ -20,9 +20,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_common (it adds the repo)
 
-from _common import fresh_dir  # noqa: E402
+from _common import fresh_dir
 
-import tdiff  # noqa: E402
+import tdiff
 
 HIDDEN, INTERMEDIATE, LAYERS = 896, 4864, 24
 

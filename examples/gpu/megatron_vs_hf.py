@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import tdiff  # noqa: E402
+import tdiff
 
 
 def qwen2(layers: int, device: str, dtype):

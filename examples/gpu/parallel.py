@@ -53,7 +53,7 @@ def worker(args) -> None:
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep,
                                  expert_tensor_parallel_size=1 if ep > 1 else None)
     initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
-    import megatron.core.transformer.moe.moe_utils as moe_utils
+    from megatron.core.transformer.moe import moe_utils
 
     if not hasattr(moe_utils, "te_general_gemm"):  # referenced without TransformerEngine (0.16)
         moe_utils.te_general_gemm = None
@@ -128,8 +128,8 @@ def compare_summary(code: int, report: dict) -> str:
     moe = sorted({t["name"].split(".", 2)[-1] for t in tensors if ".moe." in t["name"]})
     lines = [f"exit {code}: {len(tensors)} tensors, {statuses}, max abs difference {worst:.3g}",
              f"     replicas that differ: {alignment.get('warnings', [])}",
-             f"     unmatched: A {alignment.get('a', {}).get('unmatched', [])}, "
-             f"B {alignment.get('b', {}).get('unmatched', [])}",
+             (f"     unmatched: A {alignment.get('a', {}).get('unmatched', [])}, "
+              f"B {alignment.get('b', {}).get('unmatched', [])}"),
              f"     not exposed by the parallel side: {sorted(alignment.get('b', {}).get('not_exposed', {}))}"]
     if moe:
         lines.append(f"     MoE boundaries compared: {', '.join(moe)}")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tdiff.align.ops import Take
+from tdiff.align.ops import Combine, Take
 from tdiff.align.unshard import Coords, UnshardError, UnshardStep, coords_of, execute_unshard, plan_unshard
 from tdiff.store import Dump, Record
 from tdiff.vocab.boundaries import kind_of, order_key
@@ -28,7 +28,7 @@ class Piece:
     step: int
     call: int
     records: list[Record]                         # the primary record first
-    combine: object = Take()
+    combine: Combine = Take()
     transforms: tuple = ()                        # per shard, before unsharding
     layout: tuple = ()                            # after unsharding
     kind: str | None = None                       # default: the vocabulary's kind of `name`

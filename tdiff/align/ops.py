@@ -9,11 +9,18 @@ step changes one tensor (select a part of a fused output, move tokens first, reo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 
 # ---- combine: the records of one shard -> one tensor ----
+class Combine(Protocol):
+    def describe(self, names: list[str]) -> str: ...
+
+    def apply(self, tensors: list[torch.Tensor]) -> torch.Tensor: ...
+
+
 @dataclass(frozen=True)
 class Take:
     """The first record as stored."""

@@ -29,8 +29,6 @@ from tdiff.errors import TdiffError
 from tdiff.store import Dump
 from tdiff.vocab.paths import ROOT_LABEL
 
-VERDICTS = ("op_differs", "inputs_only")
-
 
 @dataclass
 class GraftVerdict:

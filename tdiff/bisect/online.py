@@ -15,9 +15,9 @@ fits (in search mode that needs one more discovery run on side A, inside the nar
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
 
 from tdiff.bisect.regions import Region, ancestors, enclosing_layer, parents_by_path
 from tdiff.bisect.result import BisectResult, Divergence
@@ -42,7 +42,8 @@ class OnlineOptions:
     budget_bytes: int | None = None
     steps: str | None = None
     pairing: Pairing | None = None
-    names: NameFilter = NameFilter()    # --select/--exclude: the tensors every run's comparison keeps
+    # --select/--exclude: the tensors every run's comparison keeps
+    names: NameFilter = field(default_factory=NameFilter)
 
 
 def bisect_commands(run_a: str, run_b: str, work: Path, options: OnlineOptions,
@@ -138,9 +139,10 @@ def _with_search(runner: Runner, options: OnlineOptions) -> tuple[BisectResult, 
             differing[index] = verdict
         search.record(index, verdict is not None)
     if search.result == len(spine):
+        note = (f"every probed boundary matches, including the last of {len(spine)} "
+                "(the search assumes that a divergence, once introduced, persists to every later boundary)")
         return BisectResult(first_divergence=None, checked=checked, tolerance=options.tolerance.describe(),
-                            notes=[f"every probed boundary matches, including the last of {len(spine)} "
-                                   "(the search assumes that a divergence, once introduced, persists to every later boundary)"]), None
+                            notes=[note]), None
     boundary = spine[search.result]
     region = interval_region(discovery, spine, search.result)
     if options.budget_bytes is not None:

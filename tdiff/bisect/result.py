@@ -21,17 +21,17 @@ Online runs add ``runs``, ``--graft`` adds ``graft``, repeats add ``repeats``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from tdiff.compare.engine import Comparison
 from tdiff.compare.metrics import json_number
 from tdiff.vocab.paths import layer_of
 
-EVENTS = ("output", "input", "between")
-
-
-class Section(Protocol):
-    def to_json(self) -> dict: ...
+if TYPE_CHECKING:  # for annotations only: graft and repeats import this module
+    from tdiff.bisect.graft import GraftVerdict
+    from tdiff.bisect.repeats import RepeatsSection
+    from tdiff.bisect.runs import RunLog
+    from tdiff.source_patcher.trial import TrialReport
 
 
 def metrics_json(comparison: Comparison | None) -> dict:
@@ -110,10 +110,10 @@ class BisectResult:
     tolerance: str = "bitwise"
     sides: dict = field(default_factory=dict)       # {"a": path, "b": path}
     notes: list[str] = field(default_factory=list)  # what the reader should know (incomplete dumps)
-    runs: Section | None = None
-    graft: Section | None = None
-    repeats: Section | None = None
-    trials: Section | None = None   # `--try`: candidate fixes for the culprit (tdiff.source_patcher)
+    runs: RunLog | None = None
+    graft: GraftVerdict | None = None
+    repeats: RepeatsSection | None = None
+    trials: TrialReport | None = None  # `--try`: candidate fixes for the culprit (tdiff.source_patcher)
     missing: int = 0                # tensors an incomplete dump lacks on one side (not compared; in notes)
 
     @property

@@ -8,9 +8,9 @@ is what `tdiff bisect` prints: how many runs each side took, and why each one wa
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from tdiff.errors import DumpError, TdiffError
 from tdiff.store import Dump, open_dump

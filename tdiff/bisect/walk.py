@@ -73,8 +73,8 @@ def _opened(dump: Dump | str | Path, allow_incomplete: bool) -> Dump:
 
 
 def _notes(a: Dump, b: Dump) -> list[str]:
-    same = [f"A and B are the same dump ({a.path}): it matches itself by construction; give two "
-            "different runs to bisect"] if a.is_same_dump(b) else []
+    same = [(f"A and B are the same dump ({a.path}): it matches itself by construction; give two "
+             "different runs to bisect")] if a.is_same_dump(b) else []
     return same + [f"side {label} is incomplete: {problem}"
                    for label, dump in (("A", a), ("B", b)) for problem in dump.problems]
 
@@ -83,8 +83,8 @@ def _missing_notes(missing: list[Pair]) -> list[str]:
     if not missing:
         return []
     first = missing[0]
-    return [f"{len(missing):,} tensor(s) captured on one side only were not compared (an incomplete dump "
-            f"lacks them), first {first.name} (side {'A' if first.b is None else 'B'} only)"]
+    return [(f"{len(missing):,} tensor(s) captured on one side only were not compared (an incomplete dump "
+             f"lacks them), first {first.name} (side {'A' if first.b is None else 'B'} only)")]
 
 
 def _left_out_notes(pairing: Pairing | None) -> list[str]:

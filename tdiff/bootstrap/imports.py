@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.abc
 import sys
 from collections import defaultdict
-from typing import Callable
+from collections.abc import Callable
 
 _callbacks: dict[str, list[Callable]] = defaultdict(list)
 

@@ -161,7 +161,8 @@ class _work_dir:
     """--workdir DIR (created, kept) or a temporary directory removed at the end."""
 
     def __init__(self, work: Path | None, needed: bool):
-        self.work, self.needed, self.path = work, needed, None
+        self.work, self.needed = work, needed
+        self.path: Path | None = None
 
     def __enter__(self) -> Path | None:
         if not self.needed:

@@ -36,7 +36,7 @@ def compare(dump_a, dump_b, layer, select, exclude, exact, atol, rtol, as_json, 
 
     Exit status: 0 all tensors match, 1 a divergence, 2 bad input.
     """
-    from tdiff.align import choose_pairing
+    from tdiff.align import Alignment, choose_pairing
     from tdiff.align.render import render_alignment
     from tdiff.compare.engine import CompareOptions, compare_dumps
     from tdiff.report.console import make_console, render_compare
@@ -56,6 +56,6 @@ def compare(dump_a, dump_b, layer, select, exclude, exact, atol, rtol, as_json, 
     else:
         console = make_console()
         render_compare(report, console, top=top)
-        if report.alignment is not None:
+        if isinstance(report.alignment, Alignment):
             render_alignment(report.alignment, console)
     sys.exit(0 if report.status == "match" else 1)

@@ -161,9 +161,10 @@ def try_(candidates, baseline, workdir, select, exclude, layers, steps, batch_ro
 
 def _refuse_stale(groups) -> None:
     """Check each group of patches (what one run applies together) as it will be applied."""
-    from tdiff.source_patcher.check import STALE, check_patches
+    from tdiff.source_patcher.check import STALE, CheckResult, check_patches
 
-    stale, names = {}, set()
+    stale: dict[str, CheckResult] = {}
+    names: set[str] = set()
     for patches in groups:
         names.update(p.name for p in patches)
         for result in check_patches(patches):

@@ -9,10 +9,11 @@ from __future__ import annotations
 import math
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Protocol
 
 from tdiff.compare.metrics import EXACT, TensorMetrics, Tolerance, compare_tensors, json_number
 from tdiff.compare.pairing import NameFilter, NamePairing, Pair, Pairing, Side
@@ -84,13 +85,17 @@ class CompareOptions:
     exclude: list[str] = field(default_factory=list)
 
 
+class AlignmentPlan(Protocol):
+    def to_json(self) -> dict: ...
+
+
 @dataclass
 class CompareReport:
     a: Dump
     b: Dump
     options: CompareOptions
     comparisons: list[Comparison]
-    alignment: object | None = None   # how a cross-framework pairing aligned the dumps (to_json())
+    alignment: AlignmentPlan | None = None   # how a cross-framework pairing aligned the dumps
     left_out: int = 0                 # pairs that --layer/--select/--exclude left out
 
     @property
@@ -231,6 +236,7 @@ class PairComparator:
         if cache_key in self._measured:
             return self._result(pair, *self._measured[cache_key])
         ta, tb = self._load(pair.a, 0), self._load(pair.b, 1)
+        verdict: tuple[str, TensorMetrics | None, str | None]
         if cache_key is not None and _same_verified_fingerprint(ra, rb):
             # loading checked both tensors against their fingerprints: equal ones are equal bits
             verdict = ("match", TensorMetrics(numel=ta.numel(), bitwise_equal=True), None)

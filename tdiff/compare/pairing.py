@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 
@@ -121,7 +122,7 @@ def merge_in_order(items_a, items_b, *, key, make) -> list:
     for item in items_b:
         by_key[key(item)].append(item)
     position_of_b: dict[int, int] = {}
-    pairs = []
+    pairs: list = []
     for item in items_a:
         partners = by_key.get(key(item))
         partner = partners.popleft() if partners else None

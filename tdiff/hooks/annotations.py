@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 Annotator = Callable[..., "dict | None"]
 

@@ -22,7 +22,9 @@ from importlib import metadata
 import sys
 import threading
 import weakref
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -33,6 +35,9 @@ from tdiff.store.manifest import create_dump, new_part_id
 from tdiff.store.record import Record
 from tdiff.store.storage import STORAGES
 from tdiff.store.writer import DEFAULT_MAX_PENDING, DEFAULT_SHARD_BYTES, DumpWriter, Pending
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from Python 3.11
 from tdiff.errors import TdiffError
 from tdiff.hooks.annotations import annotate, annotating_framework
 from tdiff.hooks.cuda_graphs import DEFAULT_GRAPH_BUDGET, GraphRecorder, install_graph_hooks
@@ -45,7 +50,7 @@ from tdiff.vocab.paths import call_layer, layer_of
 MODES = ("full", "stats")
 
 _active: Capture | None = None
-_original_call = None
+_original_call: Callable[..., Any] | None = None
 
 
 class _Frame:
@@ -107,7 +112,7 @@ class Capture:
         self._rank: int | None = None
         self._rank_known = False   # torch.distributed gave it: it cannot change any more
         self._summaries = Summarizer()
-        self._forward_restore = None
+        self._forward_restore: Callable[[], None] | None = None
         self._graphs = GraphRecorder(self, graph_budget_bytes)   # CUDA graph capture and replays
         self.notes: list[str] = []   # what the dump must say about how it was recorded
         self._graft = None
@@ -117,7 +122,7 @@ class Capture:
             self._graft = InputGraft(**graft)
 
     # ---- lifecycle ----
-    def start(self) -> Capture:
+    def start(self) -> Self:
         global _active
         if _active is not None:
             raise TdiffError(f"a capture into {_active.root} is already active in this process")
@@ -145,7 +150,7 @@ class Capture:
             self.writer.close(error, notes=self.notes)
             self.writer = None
 
-    def __enter__(self) -> Capture:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, exc_type, exc, traceback) -> None:
@@ -345,7 +350,11 @@ class Capture:
         key = id(original)
         aliases = self._aliases
         # the weak reference to the stored copy dies once the writer has written its shard
-        aliases[key] = _Seen(weakref.ref(original, lambda _, k=key: aliases.pop(k, None)), original._version,
+
+        def forget(_: weakref.ref) -> None:
+            aliases.pop(key, None)
+
+        aliases[key] = _Seen(weakref.ref(original, forget), original._version,
                              seq, weakref.ref(stored) if stored is not None else None, fingerprint)
 
     def _current_rank(self) -> int:
@@ -357,7 +366,7 @@ class Capture:
             if dist.is_available() and dist.is_initialized():
                 self._rank, self._rank_known = dist.get_rank(), True
             else:
-                self._rank = int(os.environ.get("RANK", 0))
+                self._rank = int(os.environ.get("RANK", "0"))
         return self._rank
 
     # ---- engines that call model.forward() directly ----
@@ -444,7 +453,7 @@ def _install_call_hook() -> None:
     global _original_call
     if _original_call is None:
         _original_call = torch.nn.Module.__call__
-        torch.nn.Module.__call__ = _tdiff_module_call
+        torch.nn.Module.__call__ = _tdiff_module_call  # type: ignore[method-assign]  # the capture hook
 
 
 def _after_fork_in_child() -> None:

@@ -35,6 +35,7 @@ import torch
 from tdiff.errors import TdiffError
 from tdiff.hooks.device import _Batch, _DeviceSummary, _packed_summary
 from tdiff.store.dtypes import from_bytes_view, to_bytes_view
+from tdiff.store.record import Record
 from tdiff.store.writer import Pending
 
 DEFAULT_GRAPH_BUDGET = 1 << 30
@@ -46,7 +47,7 @@ _thread = threading.local()  # .recording: the graph this thread captures; .warm
 
 @dataclasses.dataclass
 class _Entry:
-    record: object              # the Record, its step and seq set at each replay, call relative
+    record: Record              # its step and seq set at each replay, call relative
     counter: str                # the call counter it was counted under (module path or dump name)
     static: torch.Tensor | None = None        # its bytes, copied here by the graph (full mode)
     slot: tuple | None = None                 # (table, row) of its statistics (stats, or past budget)
@@ -318,7 +319,7 @@ def install_graph_hooks() -> None:
         if capture is not None:
             capture._graphs.replayed(self)
 
-    cls.capture_begin, cls.capture_end, cls.replay = capture_begin, capture_end, replay
+    cls.capture_begin, cls.capture_end, cls.replay = capture_begin, capture_end, replay  # type: ignore[method-assign]
 
 
 def _active_capture():

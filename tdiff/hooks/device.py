@@ -174,7 +174,7 @@ def max_device_staging() -> int:
     return _limit_cache[1]
 
 
-def host_copy(tensor: torch.Tensor) -> tuple[torch.Tensor, object | None]:
+def host_copy(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
     """A host copy of the tensor's bytes as they are now, and the CUDA event that completes it
     (None: complete).
 
@@ -194,7 +194,7 @@ def host_copy(tensor: torch.Tensor) -> tuple[torch.Tensor, object | None]:
     return (raw.clone() if tensor.is_contiguous() else raw), None
 
 
-def _snapshot_to_host(tensor: torch.Tensor) -> tuple[torch.Tensor, object]:
+def _snapshot_to_host(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event]:
     nbytes = tensor.numel() * tensor.element_size()
     host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     current = torch.cuda.current_stream(tensor.device)

@@ -20,11 +20,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 
 from tdiff.errors import TdiffError
 from tdiff.hooks.naming import _MAX_DEPTH, SKIPPED_TYPES
+
+if TYPE_CHECKING:
+    from tdiff.store import Dump
 
 
 class InputGraft:
@@ -37,7 +41,7 @@ class InputGraft:
         self.module_b = module_b
         self.step = step
         self.call = call
-        self._dump = None
+        self._dump: Dump | None = None
 
     def inputs(self, path: str, step: int, call: int, rank: int, args: tuple, kwargs: dict):
         if (path, step, call) != (self.module_b, self.step, self.call):
@@ -57,13 +61,14 @@ class InputGraft:
 
         if self._dump is None:
             self._dump = open_dump(self.dump_path)
-        records = [r for r in self._dump.records
+        dump = self._dump
+        records = [r for r in dump.records
                    if r.role == "input" and r.module == self.module and r.step == self.step
                    and r.call == self.call and r.rank == rank]
         if not records:
             raise TdiffError(f"graft: {self.dump_path} holds no inputs of `{self.module}` at step "
                              f"{self.step} call {self.call} rank {rank}")
-        return {r.sub: self._dump.load(r) for r in records}
+        return {r.sub: dump.load(r) for r in records}
 
 
 def _replace(value, name: str, grafted: dict, used: set, depth: int):
@@ -83,9 +88,9 @@ def _replace(value, name: str, grafted: dict, used: set, depth: int):
         return _replace(item, f"{name}.{key}" if name else str(key), grafted, used, depth + 1)
 
     if isinstance(value, Mapping):
-        items = {key: sub(key, item) for key, item in value.items()}
-        changed = any(items[key] is not value[key] for key in items)
-        return type(value)(items) if changed else value
+        entries = {key: sub(key, item) for key, item in value.items()}
+        changed = any(entries[key] is not value[key] for key in entries)
+        return type(value)(entries) if changed else value  # type: ignore[call-arg]  # a concrete mapping
     if isinstance(value, tuple) and hasattr(value, "_fields"):
         items = [sub(key, item) for key, item in zip(value._fields, value)]
         return type(value)(*items) if any(x is not y for x, y in zip(items, value)) else value

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 import torch
 
@@ -39,6 +39,7 @@ def _flatten(value, prefix: str, depth: int, seen: set) -> Iterator[tuple[str, t
     if id(value) in seen or type(value).__name__ in SKIPPED_TYPES:
         return
     seen = seen | {id(value)}
+    items: Iterable[tuple[str, object]]
     if isinstance(value, Mapping):
         items = ((str(k), v) for k, v in value.items())
     elif isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple

@@ -27,7 +27,7 @@ class Selection:
     def __post_init__(self):
         self._select = compile_patterns(self.select, "--select")
         self._exclude = compile_patterns(self.exclude, "--exclude")
-        self._cache: dict[tuple[str, bool], bool] = {}
+        self._cache: dict[tuple[str, bool, int | None], bool] = {}
 
     def wants_step(self, step: int) -> bool:
         return self.steps is None or step in self.steps

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Union
 
 import tdiff
 from tdiff.report.console import describe, fmt_number
@@ -27,7 +26,7 @@ class Strong(str):
     """Text shown in bold."""
 
 
-Inline = Union[str, tuple]      # a str (plain, Code or Strong), or a tuple of them
+Inline = str | tuple  # a str (plain, Code or Strong), or a tuple of them
 
 
 @dataclass
@@ -63,7 +62,7 @@ class Plots:
     """Where the HTML report draws its figures (the Markdown report has none)."""
 
 
-Block = Union[Heading, Paragraph, Table, Plots]
+Block = Heading | Paragraph | Table | Plots
 
 
 @dataclass
@@ -99,8 +98,8 @@ def headline(report: Report) -> tuple:
     culprit = report.culprit
     if culprit is None and report.same_dump is not None:
         return (Strong("Match:"), " A and B are the same dump (", Code(report.same_dump),
-                f"), so its {report.counts['compared']:,} tensors equal themselves; give two different "
-                "runs to compare.")
+                (f"), so its {report.counts['compared']:,} tensors equal themselves; give two different "
+                 "runs to compare."))
     if culprit is None:
         equal = "bitwise equal" if report.tolerance == "bitwise" else f"equal within {report.tolerance}"
         left_out = f" ({report.left_out:,} tensors outside --layer were left out.)" if report.left_out else ""
@@ -190,7 +189,7 @@ def environment_table(report: Report) -> Table:
     env = report.environment
     host_used = False
 
-    def version(side: SideEnvironment, package: str) -> str:
+    def version(side: SideEnvironment, package: str) -> Inline:
         nonlocal host_used
         if package in side.versions:
             return side.versions[package]
@@ -198,7 +197,7 @@ def environment_table(report: Report) -> Table:
         installed = env.report_host.get(package)
         return f"{installed} (report host)" if installed else "not installed (report host)"
 
-    rows = [[package, version(env.a, package), version(env.b, package)] for package in PACKAGES]
+    rows: list[list[Inline]] = [[package, version(env.a, package), version(env.b, package)] for package in PACKAGES]
     rows += [["device", _tally(env.a.devices), _tally(env.b.devices)],
              ["dtypes", _tally(env.a.dtypes), _tally(env.b.dtypes)],
              ["processes", str(env.a.processes), str(env.b.processes)],
@@ -217,28 +216,30 @@ def bisect_blocks(result: dict) -> list[Block]:
     found = result.get("first_divergence")
     if result.get("status") == "diverged" and not found:  # only tensors missing from an incomplete dump
         notes = [str(n) for n in result.get("notes") or []]
-        return [Paragraph((Strong("Diverged:"), f" every event compared on both sides matches ({events}), "
-                           "but tensors are missing on one side, so no op is named. ", *notes[-1:]))]
+        why = (f" every event compared on both sides matches ({events}), "
+               "but tensors are missing on one side, so no op is named. ")
+        return [Paragraph((Strong("Diverged:"), why, *notes[-1:]))]
     if result.get("status") == "match" or not found:
         return [Paragraph((Strong("Match:"), f" bisect found no divergence ({events})."))]
     introduced = found.get("introduced")
     verb = "Introduced at" if introduced else "First differs at"
     where = [f"{found.get('event', '?')}"] + [f"{k} {found[k]}" for k in ("kind", "layer", "step")
                                                if found.get(k) is not None]
-    headline = (Strong(verb), " ", Code(str(found.get("name"))), f" ({', '.join(where)}); {events}.")
+    headline: tuple = (Strong(verb), " ", Code(str(found.get("name"))), f" ({', '.join(where)}); {events}.")
     if introduced is False:
-        headline += (" Its inputs already differed: bisect could not prove the divergence is "
-                     "introduced here.",)
+        headline += ((" Its inputs already differed: bisect could not prove the divergence is "
+                      "introduced here."),)
     metrics = found.get("metrics") or {}
-    rows = ([["where", str(found["description"])]] if found.get("description") else []) + [
-            ["module (A)", Code(str(found["module"])) if found.get("module") else "-"],
-            ["module (B)", Code(str(found["module_b"])) if found.get("module_b") else "-"],
-            ["event", str(found.get("event", "-"))], ["kind", str(found.get("kind") or "-")],
-            ["mismatch" if result.get("tolerance", "bitwise") == "bitwise" else "outside tolerance",
-             _percent(metrics.get("outside_fraction", metrics.get("mismatch_fraction")))],
-            ["max abs", fmt_number(metrics.get("max_abs"))], ["max ULP", fmt_number(metrics.get("max_ulp"))],
-            ["ULP at scale", fmt_number(metrics.get("max_ulp_at_scale"))],
-            ["cosine", fmt_number(metrics.get("cosine"), 9)]]
+    rows: list[list[Inline]] = [["where", str(found["description"])]] if found.get("description") else []
+    rows += [
+        ["module (A)", Code(str(found["module"])) if found.get("module") else "-"],
+        ["module (B)", Code(str(found["module_b"])) if found.get("module_b") else "-"],
+        ["event", str(found.get("event", "-"))], ["kind", str(found.get("kind") or "-")],
+        ["mismatch" if result.get("tolerance", "bitwise") == "bitwise" else "outside tolerance",
+         _percent(metrics.get("outside_fraction", metrics.get("mismatch_fraction")))],
+        ["max abs", fmt_number(metrics.get("max_abs"))], ["max ULP", fmt_number(metrics.get("max_ulp"))],
+        ["ULP at scale", fmt_number(metrics.get("max_ulp_at_scale"))],
+        ["cosine", fmt_number(metrics.get("cosine"), 9)]]
     trail = result.get("trail") or []
     if trail:
         shown = [Code(_name_of(t)) for t in trail[:TRAIL_SHOWN]]

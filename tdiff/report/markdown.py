@@ -75,8 +75,8 @@ def _table(table: Table, cap: int | None) -> list[str]:
         lines.append("")
     left_out = len(table.rows) - len(kept)
     if left_out:
-        lines += [f"_{left_out:,} more rows not shown (the most telling are kept); all rows: "
-                  "`tdiff report A B --format json`._", ""]
+        lines += [(f"_{left_out:,} more rows not shown (the most telling are kept); all rows: "
+                   "`tdiff report A B --format json`._"), ""]
     if table.note:
         lines += [f"<sub>{_escape(table.note)}</sub>", ""]
     if table.folded:

@@ -11,7 +11,7 @@ Bars are drawn only when stderr is an interactive terminal, so logs, pipes and C
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 

@@ -19,9 +19,11 @@ import importlib
 import inspect
 import linecache
 import os
+import sys
 import types
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tdiff.bootstrap.imports import when_imported
 from tdiff.source_patcher.codegen import (CompileError, build, check_replacement_signature, edited_node,
@@ -30,6 +32,9 @@ from tdiff.source_patcher.edits import EditError, apply_edits
 from tdiff.source_patcher.errors import PatchError, TargetNotInstalled
 from tdiff.source_patcher.source import TargetSource, definition, module_source, split_target
 from tdiff.source_patcher.spec import PatchSpec
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from Python 3.11
 
 
 @dataclass
@@ -75,7 +80,7 @@ class _Activation:
     def apply(self) -> None:
         try:
             disable = self.enable()
-        except Exception as exc:  # noqa: BLE001 - reported as this patch's failure
+        except Exception as exc:  # reported as this patch's failure
             raise PatchError(self.patch.name, self.patch.target,
                              f"{self.patch.activate} failed: {type(exc).__name__}: {exc}") from exc
         if not callable(disable):
@@ -84,7 +89,8 @@ class _Activation:
         self.disable = disable
 
     def undo(self) -> None:
-        self.disable()
+        if self.disable is not None:  # None until apply() succeeded
+            self.disable()
 
 
 # id(function) -> the patches swapped into it, oldest first (patches on one function stack up)
@@ -102,7 +108,7 @@ class ActivePatches:
     skipped: list[PatchError] = field(default_factory=list)   # optional patches whose package is absent
     active: bool = False
 
-    def start(self) -> "ActivePatches":
+    def start(self) -> Self:
         groups: dict[str, list[PatchSpec]] = {}
         for patch in self.patches:
             try:
@@ -128,7 +134,7 @@ class ActivePatches:
             self.applied[-1].undo()
             self.applied.pop()
 
-    def __enter__(self) -> "ActivePatches":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -139,7 +145,7 @@ class ActivePatches:
             return  # restored before this module was imported
         try:
             self._apply_module(module, patches)
-        except Exception as exc:  # noqa: BLE001 - handed to on_error, which decides
+        except Exception as exc:  # handed to on_error, which decides
             if self.on_error is None:
                 raise
             self.on_error(exc)
@@ -187,6 +193,7 @@ class ActivePatches:
                 node, changed = edited_node(source, new_text, "\n".join(preambles) or None)
                 shown = new_text
             else:
+                assert patch.replace_with is not None, "activation patches are not swapped in here"
                 replacement = resolve_reference(patch, patch.replace_with)
                 check_replacement_signature(source.node, replacement)
                 node, changed, new_text = trampoline_node(source, patch.replace_with), False, None
@@ -200,7 +207,7 @@ class ActivePatches:
         linecache.cache[filename] = (len(shown), None, shown.splitlines(True), filename)
         original = function.__code__
         code = compiled.code.replace(co_name=original.co_name)
-        if hasattr(original, "co_qualname"):
+        if sys.version_info >= (3, 11):
             code = code.replace(co_qualname=original.co_qualname)
         defaults = (compiled.function.__defaults__, compiled.function.__kwdefaults__) if changed else None
         return _Swap(patch, function, (original, function.__defaults__, function.__kwdefaults__), new_text,

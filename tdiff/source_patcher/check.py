@@ -69,6 +69,7 @@ def _check_change(patch: PatchSpec, source: TargetSource, current: str | None) -
             new_text = apply_edits(current, patch.edits, first_line=source.def_line)
             node, changed = edited_node(source, new_text, patch.preamble)
         else:
+            assert patch.replace_with is not None, "activation patches are checked elsewhere"
             replacement = resolve_reference(patch, patch.replace_with)
             check_replacement_signature(source.node, replacement)
             node, changed, new_text = trampoline_node(source, patch.replace_with), False, None

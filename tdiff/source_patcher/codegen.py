@@ -17,12 +17,16 @@ import inspect
 import sys
 import types
 from dataclasses import dataclass
+from typing import Any
 
 from tdiff.source_patcher.source import TargetSource
 
 FACTORY = "__tdiff_factory__"
-_TYPE_PARAMS = {"type_params": []} if sys.version_info >= (3, 12) else {}
+_TYPE_PARAMS: dict[str, Any] = {"type_params": []} if sys.version_info >= (3, 12) else {}
 REPLACEMENT = "__tdiff_replacement__"
+
+
+FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
 
 
 class CompileError(ValueError):
@@ -36,7 +40,7 @@ class Compiled:
     signature_changed: bool
 
 
-def parse_function(text: str, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef:
+def parse_function(text: str, name: str) -> FunctionNode:
     try:
         tree = ast.parse(text)
     except SyntaxError as exc:
@@ -53,7 +57,7 @@ def parse_function(text: str, name: str) -> ast.FunctionDef | ast.AsyncFunctionD
     return node
 
 
-def edited_node(source: TargetSource, text: str, preamble: str | None) -> tuple[ast.AST, bool]:
+def edited_node(source: TargetSource, text: str, preamble: str | None) -> tuple[FunctionNode, bool]:
     """The edited def (with the preamble at the start of its body) and whether its signature changed."""
     node = parse_function(text, source.node.name)
     changed = ast.dump(node.args) != ast.dump(source.node.args)
@@ -65,13 +69,13 @@ def edited_node(source: TargetSource, text: str, preamble: str | None) -> tuple[
         for statement in statements:
             for sub in ast.walk(statement):
                 if hasattr(sub, "lineno"):
-                    sub.lineno = sub.end_lineno = node.lineno
+                    sub.lineno = sub.end_lineno = node.lineno  # type: ignore[attr-defined]  # has lineno
         docstring = ast.get_docstring(node, clean=False) is not None
         node.body[1 if docstring else 0:1 if docstring else 0] = statements
     return node, changed
 
 
-def trampoline_node(source: TargetSource, replacement: str) -> ast.AST:
+def trampoline_node(source: TargetSource, replacement: str) -> FunctionNode:
     """A def with the target's signature whose body calls ``module:function`` with the same arguments."""
     module, attribute = replacement.split(":")
     node = copy.deepcopy(source.node)
@@ -93,7 +97,7 @@ def trampoline_node(source: TargetSource, replacement: str) -> ast.AST:
     return ast.fix_missing_locations(node)
 
 
-def factory_module(node: ast.AST, freevars: tuple[str, ...], *, evaluate_defaults: bool) -> ast.Module:
+def factory_module(node: FunctionNode, freevars: tuple[str, ...], *, evaluate_defaults: bool) -> ast.Module:
     """``def __tdiff_factory__(): <freevar> = None ...; <node>; return <name>``."""
     node = copy.deepcopy(node)
     args = node.args
@@ -108,14 +112,14 @@ def factory_module(node: ast.AST, freevars: tuple[str, ...], *, evaluate_default
         keep = ast.If(test=ast.Constant(False), orelse=[], body=[
             ast.Expr(ast.Tuple([ast.Name(v, ast.Load()) for v in freevars], ast.Load()))])
         node.body.append(keep)
-    body = [ast.Assign([ast.Name(v, ast.Store())], ast.Constant(None)) for v in freevars]
+    body: list[ast.stmt] = [ast.Assign([ast.Name(v, ast.Store())], ast.Constant(None)) for v in freevars]
     factory = ast.FunctionDef(name=FACTORY, args=ast.arguments([], [], None, [], [], None, []),
                               body=body + [node, ast.Return(ast.Name(node.name, ast.Load()))],
                               decorator_list=[], returns=None, **_TYPE_PARAMS)
     return ast.fix_missing_locations(ast.Module([factory], type_ignores=[]))
 
 
-def compile_factory(node: ast.AST, freevars: tuple[str, ...], *, signature_changed: bool, future_flags: int,
+def compile_factory(node: FunctionNode, freevars: tuple[str, ...], *, signature_changed: bool, future_flags: int,
                     filename: str) -> types.CodeType:
     """Compile the factory around ``node``; checks that the new code keeps the closure ``freevars``."""
     module = factory_module(node, freevars, evaluate_defaults=signature_changed)
@@ -124,20 +128,21 @@ def compile_factory(node: ast.AST, freevars: tuple[str, ...], *, signature_chang
     except SyntaxError as exc:
         raise CompileError(f"the patched function does not compile: {exc.msg} at its line {exc.lineno}") from None
     factory = _find_code(code, FACTORY)
-    inner = _find_code(factory, node.name)
+    inner = _find_code(factory, node.name) if factory is not None else None
+    assert inner is not None, "the module built above defines the factory and the function"
     if inner.co_freevars != freevars:
         raise CompileError(f"the patched function would use closure variables {inner.co_freevars}, "
                            f"the original uses {freevars}; a patch cannot change a function's closure")
     return code
 
 
-def build(node: ast.AST, freevars: tuple[str, ...], *, signature_changed: bool, future_flags: int,
+def build(node: FunctionNode, freevars: tuple[str, ...], *, signature_changed: bool, future_flags: int,
           filename: str, globals_: dict) -> Compiled:
     """Compile ``node`` for a function whose closure has ``freevars``, in ``globals_``."""
     code = compile_factory(node, freevars, signature_changed=signature_changed, future_flags=future_flags,
                            filename=filename)
     namespace: dict = {}
-    exec(code, namespace)  # defines the factory only
+    exec(code, namespace)  # noqa: S102 - the patched function's own compiled code; defines the factory only
     factory = types.FunctionType(namespace[FACTORY].__code__, globals_)
     try:
         function = factory()
@@ -146,7 +151,7 @@ def build(node: ast.AST, freevars: tuple[str, ...], *, signature_changed: bool, 
     return Compiled(function.__code__, function, signature_changed)
 
 
-def static_freevars(node: ast.AST, *, in_class: bool) -> tuple[str, ...]:
+def static_freevars(node: FunctionNode, *, in_class: bool) -> tuple[str, ...]:
     """The free variables a def would have where it stands (inside its class, if it is a method)."""
     node = copy.deepcopy(node)
     node.decorator_list = []
@@ -171,11 +176,11 @@ def _find_code(code: types.CodeType, name: str) -> types.CodeType | None:
     return None
 
 
-def check_replacement_signature(node: ast.AST, replacement) -> None:
+def check_replacement_signature(node: FunctionNode, replacement) -> None:
     """The replacement must accept every argument the trampoline passes to it."""
     args = node.args
     positional = [a.arg for a in args.posonlyargs + args.args] + (["*args"] if args.vararg else [])
-    keywords = {a.arg: a.arg for a in args.kwonlyargs}
+    keywords: dict[str, str | None] = {a.arg: a.arg for a in args.kwonlyargs}
     if args.kwarg:
         keywords["__tdiff_any_keyword__"] = None
     try:

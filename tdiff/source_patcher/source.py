@@ -145,8 +145,8 @@ def definition(patch: str, target: str, module: str, qualname: str, path: str, s
             raise PatchError(patch, target, f"{part!r} is not defined in {scope} ({path}); "
                                             "name the module and class where it is defined")
         if len(found) > 1:
-            lines = ", ".join(str(n.lineno) for n in found)
-            raise PatchError(patch, target, f"{part!r} is defined {len(found)} times in {scope} (lines {lines})")
+            where = ", ".join(str(n.lineno) for n in found)
+            raise PatchError(patch, target, f"{part!r} is defined {len(found)} times in {scope} (lines {where})")
         node = found[0]
         last = depth == len(parts) - 1
         if not last:
@@ -159,6 +159,7 @@ def definition(patch: str, target: str, module: str, qualname: str, path: str, s
     text = textwrap.dedent("\n".join(lines[node.lineno - 1: node.end_lineno])) + "\n"
     first_line = min([node.lineno] + [d.lineno for d in node.decorator_list])
     parsed = ast.parse(text).body[0]
+    assert isinstance(parsed, (ast.FunctionDef, ast.AsyncFunctionDef)), "the def block parses as that def"
     return TargetSource(target=target, module=module, qualname=qualname, path=path, def_line=node.lineno,
                         first_line=first_line, text=text, future_flags=_future_flags(tree),
                         in_class=in_class, node=parsed)

@@ -27,6 +27,7 @@ and line at fault. YAML is read with the safe loader only.
 from __future__ import annotations
 
 import re
+from typing import Any, Literal, overload
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -191,6 +192,13 @@ class Fields:
     def error(self, message: str, key: str | None = None) -> TdiffError:
         return TdiffError(f"{self.where(key)}: {message}")
 
+    @overload
+    def text(self, key: str, *, required: Literal[True], pattern: re.Pattern | None = None,
+             describe: str = "", allow_empty: bool = False) -> str: ...
+    @overload
+    def text(self, key: str, *, required: bool = False, pattern: re.Pattern | None = None,
+             describe: str = "", allow_empty: bool = False) -> str | None: ...
+
     def text(self, key: str, *, required: bool = False, pattern: re.Pattern | None = None,
              describe: str = "", allow_empty: bool = False) -> str | None:
         if key not in self.data:
@@ -241,7 +249,7 @@ def patch_from_mapping(data, source: str, line: int | None = None, *, what: str 
         raise fields.error(f"patch {name!r}: give exactly one of edits, replace_with or activate"
                            + (f" (found {', '.join(present)})" if present else ""))
     mode = present[0]
-    reference = dict(pattern=_REFERENCE, describe="a reference like package.module:function")
+    reference: dict[str, Any] = dict(pattern=_REFERENCE, describe="a reference like package.module:function")
     replace_with = fields.text("replace_with", **reference)
     activate = fields.text("activate", **reference)
     pin = fields.text("pin", pattern=_SHA256, describe="a sha256 (64 lowercase hex digits)")
@@ -262,7 +270,7 @@ def patch_from_mapping(data, source: str, line: int | None = None, *, what: str 
 def _edit(item, source: str, parent: Fields, index: int) -> Edit:
     edit = Fields(item, source, f"{parent.what} edit {index}", ("match", *EDIT_ACTIONS), parent.line_of("edits"))
     match = edit.text("match", required=True)
-    given = {a: edit.text(a, allow_empty=True) for a in EDIT_ACTIONS if a in edit.data}
+    given = {a: edit.text(a, required=True, allow_empty=True) for a in EDIT_ACTIONS if a in edit.data}
     # as SGLang's patcher: an action left blank is not given, and none given deletes the match
     actions = [a for a, text in given.items() if text.strip()]
     if len(actions) > 1:

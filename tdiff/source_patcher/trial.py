@@ -142,6 +142,7 @@ def _rank(result: TrialResult) -> tuple:
     if result.status == ERROR:
         return (2, len(result.patches))
     ulp = result.max_ulp if result.max_ulp is not None else math.inf
+    assert result.position is not None, "_measure sets it with every divergence"
     return (1, -result.position, result.mismatched, ulp, len(result.patches))
 
 

@@ -47,7 +47,7 @@ def _summary_kernel(values, words, partial_f, partial_i, finished, out_f, out_i,
     index = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # int64: logits exceed 2**31 elements
     inside = index < numel
     x = tl.load(values + index, mask=inside, other=0).to(tl.float32)
-    is_nan = x != x
+    is_nan = x != x  # noqa: PLR0124 - NaN is the one value unequal to itself (Triton's test for it)
     is_inf = (x == float("inf")) | (x == float("-inf"))
     numeric = inside & ~is_nan
     finite = numeric & ~is_inf

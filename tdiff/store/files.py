@@ -12,8 +12,9 @@ from __future__ import annotations
 import itertools
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 from tdiff.errors import DumpError
 

@@ -54,7 +54,7 @@ def xxh3_fingerprint(tensor: torch.Tensor) -> str:
     hasher = xxhash.xxh3_128(_shape_tag(dtype_name(tensor.dtype), tensor.shape))
     raw = to_bytes_view(tensor)
     if raw.numel():
-        hasher.update(raw.numpy())
+        hasher.update(raw.numpy().data)
     return "xxh3:" + hasher.hexdigest()
 
 
@@ -174,7 +174,7 @@ _scratch_buffers = threading.local()
 
 def _scratch(t: torch.Tensor) -> torch.Tensor:
     """A per-thread buffer shaped like ``t`` (grown as needed, kept for the next tensor)."""
-    buffers = _scratch_buffers.__dict__
+    buffers: dict = _scratch_buffers.__dict__   # by dtype
     buffer = buffers.get(t.dtype)
     if buffer is None or buffer.numel() < t.numel():
         buffer = buffers[t.dtype] = torch.empty(t.numel(), dtype=t.dtype)

@@ -19,6 +19,7 @@ import re
 import socket
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -103,7 +104,7 @@ class ManifestJournal:
 
     def __init__(self, root: Path, part: str, header: dict):
         self.path = root / MANIFEST_DIR / f"{part}.jsonl"
-        self._file = open(self.path, "x", encoding="utf-8")
+        self._file = open(self.path, "x", encoding="utf-8")  # noqa: SIM115 - open until close() ends the part
         self._write({"type": "header", "format": FORMAT, "version": FORMAT_VERSION, "part": part,
                      "pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
                      **header})
@@ -116,7 +117,7 @@ class ManifestJournal:
         if records:
             self._write(*({"type": "record", **r.to_json()} for r in records))
 
-    def end(self, records: int, error: str | None = None, notes: list[str] = ()) -> None:
+    def end(self, records: int, error: str | None = None, notes: Sequence[str] = ()) -> None:
         self._write({"type": "end", "records": records, "status": "failed" if error else "complete",
                      **({"error": error} if error else {}), **({"notes": list(notes)} if notes else {})})
         self._file.close()

@@ -67,7 +67,7 @@ class Dump:
         return str(self.info.get("side") or self.path.name)
 
     def load(self, record: Record) -> torch.Tensor:
-        foreign = _FOREIGN_LOADERS.get(self.info.get("format"))
+        foreign = _FOREIGN_LOADERS.get(self.info.get("format", ""))
         if foreign is not None:
             return foreign(self.path, record)
         if record.file is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from typing import Any
 from dataclasses import dataclass, field
 
 from tdiff.errors import DumpError
@@ -69,7 +70,7 @@ class Record:
     def from_json(cls, data: object, where: str = "record") -> Record:
         if not isinstance(data, dict):
             raise DumpError(f"{where}: a record must be a JSON object")
-        values = {}
+        values: dict[str, Any] = {}   # each value checked against _SCHEMA below
         for name, (kinds, optional) in _SCHEMA.items():
             if name not in data or data[name] is None:
                 if not optional:

@@ -218,7 +218,7 @@ def _layer_id(record: Record) -> int | None:
 
 
 def _attrs(tags: dict) -> dict:
-    attrs = {}
+    attrs: dict[str, object] = {}
     framework, info = _framework(tags)
     if framework:
         attrs["framework"] = framework
@@ -263,7 +263,7 @@ def _shard_spec(dims) -> list[dict] | None:
     if not isinstance(dims, str):
         return None
     tokens = dims.split("#")[0].split()
-    spec = []
+    spec: list[dict] = []
     for index, token in enumerate(tokens):
         match = re.fullmatch(r"[^\[]+\[(?P<mods>[^\]]+)\]", token)
         if not match:

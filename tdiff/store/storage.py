@@ -19,17 +19,22 @@ from tdiff.store.manifest import STORAGES
 from tdiff.errors import DumpError
 
 
-def _safetensors_types() -> set:
-    from safetensors.torch import _TYPES
-
-    return set(_TYPES.values())
+# The dtype names of the safetensors header (its format specification) that tdiff stores natively;
+# any other dtype is stored as its bytes (uint8).
+SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U64": torch.uint64, "U32": torch.uint32, "U16": torch.uint16, "U8": torch.uint8, "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E4M3FNUZ": torch.float8_e4m3fnuz,
+    "F8_E5M2": torch.float8_e5m2, "F8_E5M2FNUZ": torch.float8_e5m2fnuz, "C64": torch.complex64,
+}
 
 
 class SafetensorsStorage:
     suffix = "safetensors"
 
     def __init__(self):
-        self._native = _safetensors_types()
+        self._native = set(SAFETENSORS_DTYPES.values())
 
     def write(self, path: Path, tensors: dict[str, torch.Tensor]) -> None:
         from safetensors.torch import save_file
@@ -43,7 +48,7 @@ class SafetensorsStorage:
 
         try:
             return _SafetensorsShard(safe_open(str(path), framework="pt"), path)
-        except Exception as exc:  # safetensors raises its own error types for a damaged header
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types for a damaged header
             raise DumpError(f"{path}: cannot open tensor shard ({_first_line(exc)}); "
                             "the file is truncated or corrupted") from None
 
@@ -57,13 +62,11 @@ class _SafetensorsShard:
     def get(self, key: str, *, nbytes: int) -> torch.Tensor:
         """The tensor stored under ``key`` (memory-mapped), when its header declares the ``nbytes``
         its record expects."""
-        from safetensors.torch import _TYPES
-
         if key not in self._keys:
             raise DumpError(f"{self._path}: tensor {key!r} is missing from its shard")
         try:
             header = self._handle.get_slice(key)
-            dtype = _TYPES.get(header.get_dtype())
+            dtype = SAFETENSORS_DTYPES.get(header.get_dtype())
             declared = torch.Size(header.get_shape()).numel() * dtype.itemsize if dtype is not None else None
             if declared != nbytes:
                 raise DumpError(f"{self._path}: tensor {key!r} declares {declared} bytes, its record "
@@ -71,7 +74,7 @@ class _SafetensorsShard:
             return self._handle.get_tensor(key)
         except DumpError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a damaged shard fails with many error types
             raise DumpError(f"{self._path}: cannot read tensor {key!r} ({_first_line(exc)}); "
                             "the file is truncated or corrupted") from None
 
@@ -94,7 +97,7 @@ class H5Storage:
 
         try:
             return _H5Shard(h5py.File(path, "r"), path)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - h5py raises many error types for a damaged file
             raise DumpError(f"{path}: cannot open HDF5 shard ({_first_line(exc)}); "
                             "the file is truncated or corrupted") from None
 
@@ -133,7 +136,7 @@ class _H5Shard:
             return torch.from_numpy(dataset[()])
         except DumpError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a damaged shard fails with many error types
             raise DumpError(f"{self._path}: cannot read tensor {key!r} ({_first_line(exc)}); "
                             "the file is corrupted") from None
 

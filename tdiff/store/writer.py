@@ -16,7 +16,9 @@ import os
 import queue
 import sys
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 from pathlib import Path
 
 import torch
@@ -31,14 +33,20 @@ DEFAULT_SHARD_BYTES = 512 << 20
 _RECORDS_PER_FLUSH = 4096  # how many data-less records (stats mode) wait before they are journaled
 
 
+class Summary(Protocol):
+    def resolve(self, record: Record) -> tuple[dict, str]:
+        """The record's statistics and fingerprint."""
+        ...
+
+
 @dataclass
 class Pending:
     """A captured tensor on its way to disk."""
 
     record: Record
     data: torch.Tensor | None = None        # host copy (full mode)
-    ready: object | None = None             # CUDA event that completes ``data``
-    summary: object | None = None           # stats mode: ``resolve(record) -> (stats, fingerprint)``
+    ready: torch.cuda.Event | None = None   # CUDA event that completes ``data``
+    summary: Summary | None = None          # stats mode
     nbytes: int = 0                         # host bytes this item holds until its shard is written
 
 
@@ -105,7 +113,7 @@ class DumpWriter:
         self._queue.put(done)
         done.wait()
 
-    def close(self, error: str | None = None, notes: list[str] = ()) -> None:
+    def close(self, error: str | None = None, notes: Sequence[str] = ()) -> None:
         """Write what is pending and end the manifest, with the capture's ``notes``; ``error`` (why
         the captured program failed) or a write failure ends it as failed, which marks the dump
         incomplete."""

@@ -43,7 +43,7 @@ _RULES = [
     ("mlp", r"mlp|feedforward|moelayer|moeblock|sparsemoe", r"^(mlp|ffn|feed_forward)$"),
     ("linear", r"linear|conv1d", r"proj$|^fc\d?$|^linear"),
 ]
-_COMPILED = [(kind, re.compile(cls, re.I), re.compile(name, re.I)) for kind, cls, name in _RULES]
+_COMPILED = [(kind, re.compile(cls, re.IGNORECASE), re.compile(name, re.IGNORECASE)) for kind, cls, name in _RULES]
 
 
 def module_kind(path: str, module_class: str | None) -> str:

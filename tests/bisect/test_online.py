@@ -19,6 +19,7 @@ def bisect(*args, expect):
     return json.loads(result.stdout), result.stderr
 
 
+@pytest.mark.slow
 def test_the_demos_planted_norm_is_named_after_a_stats_pass_and_grafting_proves_the_op(tmp_path):
     report, progress = bisect("--run-a", DEMO_CMD, "--run-b", f"{DEMO_CMD} --planted", "--graft",
                               "--work", tmp_path / "w", expect=1)
@@ -37,6 +38,7 @@ def test_the_demos_planted_norm_is_named_after_a_stats_pass_and_grafting_proves_
     assert "run A1 (stats pass)" in progress and (tmp_path / "w" / "b3-graft").is_dir()
 
 
+@pytest.mark.slow
 def test_a_16_layer_model_without_stats_pass_takes_at_most_log2_boundaries_plus_2_runs_per_side(tmp_path):
     result = tdiff_process("bisect", "--run-a", f"{DEMO_CMD} --layers 16",
                            "--run-b", f"{DEMO_CMD} --layers 16 --planted", "--no-stats-pass")
@@ -54,6 +56,7 @@ def test_a_16_layer_model_without_stats_pass_takes_at_most_log2_boundaries_plus_
     assert out.count(" probe: ") == 2 * (a_runs - 2)
 
 
+@pytest.mark.slow
 def test_a_tolerance_searches_and_graft_tells_an_amplifier_from_the_op_that_made_the_difference(tmp_path):
     report, progress = bisect("--run-a", AMPLIFY, "--run-b", f"{AMPLIFY} --split-k", "--atol", "1e-5",
                               "--rtol", "0", "--graft", expect=1)
@@ -73,6 +76,7 @@ def test_identical_commands_match(tmp_path):
     assert report["runs"]["a"] == report["runs"]["b"] == 1
 
 
+@pytest.mark.slow
 def test_offline_graft_reruns_side_b_only(tmp_path):
     for side, flag in (("a", ""), ("b", " --split-k")):
         result = tdiff_process("capture", "--out", tmp_path / side, "--", "/bin/sh", "-c", AMPLIFY + flag)
@@ -89,6 +93,7 @@ def test_offline_graft_reruns_side_b_only(tmp_path):
 BUDGET_GB = "3e-5"  # 32 KB
 
 
+@pytest.mark.slow
 def test_a_budget_shrinks_the_full_capture_after_a_stats_pass(tmp_path):
     report, _ = bisect("--run-a", DEMO_CMD, "--run-b", f"{DEMO_CMD} --planted", "--budget-gb", BUDGET_GB,
                        "--work", tmp_path / "w", expect=1)
@@ -99,6 +104,7 @@ def test_a_budget_shrinks_the_full_capture_after_a_stats_pass(tmp_path):
     assert "model.layers.1 and everything in it" not in final["why"]
 
 
+@pytest.mark.slow
 def test_a_budget_too_small_for_any_region_reports_the_stats_verdict_without_metrics(tmp_path):
     report, _ = bisect("--run-a", DEMO_CMD, "--run-b", f"{DEMO_CMD} --planted", "--budget-gb", "1e-9",
                        expect=1)
@@ -112,6 +118,7 @@ def test_a_budget_too_small_for_any_region_reports_the_stats_verdict_without_met
     assert (report["runs"]["a"], report["runs"]["b"]) == (1, 1)
 
 
+@pytest.mark.slow
 def test_a_budget_after_a_search_measures_the_layer_and_captures_its_children_only(tmp_path):
     report, _ = bisect("--run-a", f"{DEMO_CMD} --layers 2", "--run-b", f"{DEMO_CMD} --layers 2 --planted",
                        "--no-stats-pass", "--budget-gb", BUDGET_GB, expect=1)

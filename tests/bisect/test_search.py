@@ -26,4 +26,4 @@ def test_a_probe_outside_the_candidates_is_refused():
     with pytest.raises(ValueError):
         search.record(3, diverged=False)
     with pytest.raises(RuntimeError):
-        search.result
+        _ = search.result

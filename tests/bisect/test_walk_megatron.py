@@ -1,7 +1,6 @@
 """Offline bisection of planted faults in real megatron-core GPT models (CPU, gloo)."""
 
 import pytest
-import torch
 
 import tdiff
 from tdiff.bisect import bisect_dumps

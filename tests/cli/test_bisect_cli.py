@@ -81,6 +81,7 @@ def test_a_failing_command_is_reported_in_one_line(tmp_path):
     assert "Traceback" not in result.output
 
 
+@pytest.mark.slow
 def test_quiet_hides_the_runs_progress_and_the_note_on_removed_captures():
     run = f"{sys.executable} -c 'import torch, tdiff; tdiff.dump(\"x\", torch.ones(2))'"
     loud = tdiff_cli("bisect", "--run-a", run, "--run-b", run, expect=0)

@@ -4,10 +4,13 @@ import json
 import sys
 import textwrap
 
+import pytest
+
 from tdiff.store import open_dump
 from tests.helpers import DEMO, tdiff_cli, tdiff_process
 
 
+@pytest.mark.slow
 def test_demo_runs_compare_equal_and_the_planted_module_is_named(tmp_path):
     for side, extra in (("a", []), ("a2", []), ("b", ["--planted"])):
         result = tdiff_process("capture", "--out", tmp_path / side, "--", sys.executable, DEMO, *extra)
@@ -36,6 +39,7 @@ SPAWNING = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_every_python_process_the_command_spawns_captures(tmp_path):
     script = tmp_path / "spawn.py"
     script.write_text(SPAWNING)
@@ -59,6 +63,7 @@ KILLED = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_run_that_dies_leaves_an_incomplete_dump_that_compare_refuses(tmp_path):
     script = tmp_path / "killed.py"
     script.write_text(KILLED)
@@ -94,6 +99,7 @@ RECORDS_THEN_FAILS = "import torch, tdiff; tdiff.dump('x', torch.ones(2)); raise
 RECORDS = "import torch, tdiff; tdiff.dump('x', torch.ones(2))"
 
 
+@pytest.mark.slow
 def test_a_dump_without_records_is_replaced_by_the_retry_without_force(tmp_path):
     out = tmp_path / "d"
     failed = tdiff_cli("capture", "--out", out, "--", sys.executable, "-c", "raise SystemExit(3)")

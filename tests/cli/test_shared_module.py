@@ -79,7 +79,7 @@ def test_report_marks_the_calling_layer_first(dumps, tmp_path):
     tdiff_cli("report", *dumps, "--format", "json", "-o", tmp_path / "r.json", expect=1)
     report = json.loads((tmp_path / "r.json").read_text())
     assert (report["culprit"]["layer"], report["culprit"]["boundary"]) == (FAULTY, "mlp.act_fn")
-    assert [row["layer"] for row in report["layers"] if row["diverged"]][0] == FAULTY
+    assert next(row["layer"] for row in report["layers"] if row["diverged"]) == FAULTY
     tdiff_cli("report", *dumps, "-o", tmp_path / "r.md", expect=1)
     assert f"| **{FAULTY}** ◀ first |" in (tmp_path / "r.md").read_text()
     # layer 0 alone matches: the match says what --layer left out

@@ -117,7 +117,7 @@ def test_different_dtypes_are_compared_by_value_without_ulp():
 
 
 def test_chunked_metrics_equal_one_pass(monkeypatch):
-    import tdiff.compare.metrics as metrics
+    from tdiff.compare import metrics
 
     a = torch.randn(10_000)
     b = a + torch.randn(10_000) * 1e-6

@@ -14,10 +14,9 @@ from tests.helpers import tdiff_cli, tdiff_process
 
 
 def test_an_exception_inside_the_capture_marks_the_dump_incomplete(tmp_path):
-    with pytest.raises(RuntimeError, match="boom"):
-        with tdiff.capture(tmp_path / "a"):
-            tdiff.dump("x", torch.arange(4.0))
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"), tdiff.capture(tmp_path / "a"):
+        tdiff.dump("x", torch.arange(4.0))
+        raise RuntimeError("boom")
     with pytest.raises(DumpError, match="incomplete.*raised RuntimeError"):
         open_dump(tmp_path / "a")
     assert [r.name for r in open_dump(tmp_path / "a", allow_incomplete=True).records] == ["x"]
@@ -28,10 +27,9 @@ def test_an_exception_inside_the_capture_marks_the_dump_incomplete(tmp_path):
 
 
 def test_sys_exit_0_inside_the_capture_is_a_clean_end(tmp_path):
-    with pytest.raises(SystemExit):
-        with tdiff.capture(tmp_path / "a"):
-            tdiff.dump("x", torch.arange(4.0))
-            sys.exit(0)
+    with pytest.raises(SystemExit), tdiff.capture(tmp_path / "a"):
+        tdiff.dump("x", torch.arange(4.0))
+        sys.exit(0)
     assert open_dump(tmp_path / "a").complete
 
 

@@ -36,6 +36,7 @@ def captured(model, ids, path, backend, **options):
     return logits, open_dump(path)
 
 
+@pytest.mark.slow
 def test_compiled_under_capture_the_outputs_are_those_of_the_uncaptured_compiled_run(tmp_path):
     """Old code: torch.compile traced into tdiff's hook and failed."""
     model, ids = tiny_qwen2(), token_ids()

@@ -38,7 +38,7 @@ def test_markdown_shows_hostile_names_as_written(tmp_path):
     for line in text.splitlines():
         outside = _outside_code(line)
         assert not re.search(r"(?<!\\)<(?!/?(details|summary|sub)>|!--)", outside), line  # only tdiff's own tags
-    for table in re.findall(r"(?:^\|.*\|\n)+", text, flags=re.M):
+    for table in re.findall(r"(?:^\|.*\|\n)+", text, flags=re.MULTILINE):
         rows = table.strip().splitlines()
         cells = [len(re.findall(r"(?<!\\)\|", row)) for row in rows]
         assert len(set(cells)) == 1, rows          # no pipe in a name adds a column

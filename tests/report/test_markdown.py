@@ -83,7 +83,7 @@ def test_planted_case_names_the_culprit_and_tabulates_layers_and_boundaries(demo
                                                                "`input_layernorm`", "`(layer)`"}
     assert all(row[3] == "0/1" for row in boundaries if row[0] == "0")
     assert "<details>" in text and len(text) <= COMMENT_LIMIT
-    env = dict((row[0], row[1:]) for row in table_rows(text, "|   | A: a | B: b |"))
+    env = {row[0]: row[1:] for row in table_rows(text, "|   | A: a | B: b |")}
     assert env["torch"] == [torch.__version__] * 2
     assert env["tdiff"] == [tdiff.__version__] * 2
     assert env["device"] == ["cpu ×143"] * 2 and env["dtypes"][0].startswith("bfloat16 ×130")
@@ -163,7 +163,7 @@ def test_bisect_section_renders_the_bisect_json(demo_dumps):
     text = render_markdown(demo_report(demo_dumps, bisect=BISECT))
     section = text.split("### Bisect")[1]
     assert f"**Introduced at** `{PLANTED}` (output, kind norm, layer 1, step 0); 61 events checked." in section
-    rows = dict((row[0], row[1]) for row in table_rows(section, "|   | value |"))
+    rows = {row[0]: row[1] for row in table_rows(section, "|   | value |")}
     assert rows["kind"] == "norm" and rows["max ULP"] == "1" and rows["mismatch"] == "39.1%"
     assert rows["cosine"] == "0.999994285" and rows["module (B)"] == f"`{PLANTED}`"
     assert rows["trail (enclosing modules that also differ)"] == "`model.layers.1`, `model`"

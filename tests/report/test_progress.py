@@ -3,6 +3,7 @@
 import re
 import sys
 
+import pytest
 import torch
 
 import tdiff
@@ -36,6 +37,7 @@ def test_no_progress_when_stderr_is_not_a_terminal(tmp_path, monkeypatch):
     assert process.returncode == 1 and "comparing" not in process.stderr and "\x1b[" not in process.stdout
 
 
+@pytest.mark.slow
 def test_forced_progress_is_drawn_and_quiet_hides_it(tmp_path):
     a, b = dumps(tmp_path)
     forced = {"TTY_COMPATIBLE": "1"}  # rich's switch: treat the output as a terminal
@@ -65,6 +67,7 @@ def test_progress_helper_is_silent_when_quiet(capsys, monkeypatch):
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.slow
 def test_capture_quiet_keeps_only_warnings(tmp_path):
     script = tmp_path / "run.py"
     script.write_text("import torch\ntorch.nn.Linear(2, 2)(torch.ones(1, 2))\n")

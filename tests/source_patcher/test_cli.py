@@ -6,6 +6,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from tdiff.bootstrap import child_environment
 from tdiff.source_patcher.spec import parse_patch_file, patches_config
 from tdiff.store import open_dump
@@ -136,6 +138,7 @@ def test_the_bootstrap_fails_closed_on_any_patch_that_cannot_apply(tmp_path):
     assert "tdiff: error: patch 'broken' (json.dumps): edit 1: match not found" in result.stderr
 
 
+@pytest.mark.slow
 def test_apply_composes_with_capture_and_exits_with_the_commands_status(tmp_path):
     module, fixes, _, env = project(tmp_path)
     failing = tdiff_process("patch", "apply", "--config", fixes, "--", sys.executable, "-c", "raise SystemExit(3)",

@@ -27,7 +27,7 @@ def init_megatron(tensor_parallel: int = 1, *, rank: int = 0, world_size: int = 
         parallel_state.initialize_model_parallel(tensor_parallel, 1)
     # model_parallel_cuda_manual_seed needs CUDA; the inference tracker makes fork() a no-op
     initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
-    import megatron.core.transformer.moe.moe_utils as moe_utils
+    from megatron.core.transformer.moe import moe_utils
 
     if not hasattr(moe_utils, "te_general_gemm"):  # referenced without TransformerEngine (0.16)
         moe_utils.te_general_gemm = None

@@ -37,7 +37,7 @@ def main() -> None:
 
     from tests.stacks.megatron import init_megatron
 
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     init_megatron(world, rank=rank, world_size=world)
     run(args.model or ["qwen2"], batch=args.batch, tokens=args.tokens, tensor_parallel=world, rank=rank)
     torch.distributed.destroy_process_group()

@@ -131,9 +131,9 @@ class PrefillBatch:
         self.return_logprob = False
 
     def __getattr__(self, key):
+        """Any other field a model reads is unset (None); dunder lookups still fail."""
         if key.startswith("__"):
             raise AttributeError(key)
-        return None
 
 
 def build_qwen2(config):

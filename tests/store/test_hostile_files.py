@@ -13,6 +13,9 @@ import tdiff
 from tdiff.store.manifest import DUMP_FILE, MANIFEST_DIR
 from tests.helpers import one_error_line, tdiff_bounded
 
+# every test runs tdiff as a memory-bounded subprocess (about 2 s each)
+pytestmark = pytest.mark.slow
+
 
 def make_dump(path):
     with tdiff.capture(path):

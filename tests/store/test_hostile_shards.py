@@ -70,7 +70,7 @@ def test_a_key_through_a_group_linked_to_another_file_is_refused(tmp_path):
     h5_dump(good)
     bad = tmp_path / "bad"
     shard = h5_dump(bad)
-    key, data, outside, raw = outside_copy(shard, tmp_path)
+    key, _data, outside, _raw = outside_copy(shard, tmp_path)
     with h5py.File(shard, "a") as f:
         f["elsewhere"] = h5py.ExternalLink(str(outside), "/")
     (manifest,) = (bad / "manifests").iterdir()

@@ -58,3 +58,33 @@ def test_float8_and_bfloat16_values_survive_with_nan_and_negative_zero(tmp_path)
     dump = open_dump(tmp_path / "d")
     for record in dump.records:
         assert torch.equal(to_bytes_view(dump.load(record)), to_bytes_view(tensors[record.name]))
+
+
+def test_safetensors_dtype_names_are_the_ones_safetensors_writes(tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from tdiff.store.storage import SAFETENSORS_DTYPES
+
+    save_file({name: torch.zeros(2, dtype=dtype) for name, dtype in SAFETENSORS_DTYPES.items()},
+              str(tmp_path / "t.safetensors"))
+    with safe_open(str(tmp_path / "t.safetensors"), framework="pt") as shard:
+        written = {name: shard.get_slice(name).get_dtype() for name in shard.keys()}  # noqa: SIM118 - not a dict
+    assert written == {name: name for name in SAFETENSORS_DTYPES}
+
+
+def test_natively_typed_tensors_open_with_their_dtype_in_plain_safetensors(tmp_path):
+    from safetensors.torch import load_file
+
+    from tdiff.store.manifest import DATA_DIR
+
+    tensors = {"bf16": torch.ones(3, dtype=torch.bfloat16), "fp8": torch.ones(3).to(torch.float8_e4m3fn),
+               "u16": torch.ones(3, dtype=torch.uint16)}
+    with tdiff.capture(tmp_path / "d"):
+        for name, tensor in tensors.items():
+            tdiff.dump(name, tensor)
+    dump = open_dump(tmp_path / "d")
+    stored = {}
+    for shard in {record.file for record in dump.records}:
+        stored.update(load_file(str(tmp_path / "d" / DATA_DIR / shard)))
+    assert {str(t.dtype) for t in stored.values()} == {str(t.dtype) for t in tensors.values()}

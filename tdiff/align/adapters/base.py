@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from tdiff.align.canonical import CanonicalTensor, Piece, assemble
-from tdiff.align.ops import Take, TokensFirst
+from tdiff.align.ops import Combine, Take, TokensFirst
 from tdiff.store import Dump, Record
 from tdiff.vocab.boundaries import MODEL_INPUTS, layer_name, split_name
 
@@ -82,7 +83,7 @@ class Adapter:
     label = ""
     rules: tuple[Rule, ...] = ()
     # boundaries (as in LAYER_BOUNDARIES, or model-level names) this framework never exposes
-    not_exposed: dict[str, str] = {}
+    not_exposed: Mapping[str, str] = {}
 
     def __init__(self):
         self._compiled = [(rule, rule.compile()) for rule in self.rules]
@@ -141,8 +142,9 @@ def canonical_name(boundary: str, match: re.Match | None) -> str:
     return layer_name(int(layer), boundary) if layer is not None else boundary
 
 
-def piece(boundary: str, match: re.Match | None, view: View, records: list[Record], *, combine=Take(),
-          transforms=(), layout=(), call: int | None = None, layer: int | None = None) -> Piece:
+def piece(boundary: str, match: re.Match | None, view: View, records: list[Record], *,
+          combine: Combine = Take(), transforms=(), layout=(), call: int | None = None,
+          layer: int | None = None) -> Piece:
     name = layer_name(layer, boundary) if layer is not None else canonical_name(boundary, match)
     return Piece(name, view.step, records[0].call if call is None else call, records, combine,
                  tuple(transforms), tuple(layout))

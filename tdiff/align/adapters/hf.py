@@ -8,6 +8,7 @@ weights, top-k ids) and one fused experts module that returns the combined route
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from tdiff.align.adapters.base import Adapter, Rule, View, piece
 from tdiff.align.ops import ExpandBatch, SortedTopk, TokensFirst
@@ -44,7 +45,7 @@ class HuggingFaceAdapter(Adapter):
         Rule(_TOP + "norm", "output", ("",), "final_norm", "bs"),
         Rule(_TOP + "lm_head", "output", ("",), "logits", "bs"),
     )
-    not_exposed = {
+    not_exposed: Mapping[str, str] = {
         "attn.q_rope": "transformers applies rotary embeddings in a function (apply_rotary_pos_emb), "
                        "not a module",
         "attn.k_rope": "transformers applies rotary embeddings in a function (apply_rotary_pos_emb), "

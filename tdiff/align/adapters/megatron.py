@@ -12,11 +12,13 @@ sharded over them (see tdiff.align.unshard).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import ClassVar
 
 import torch
 
 from tdiff.align.adapters.base import Adapter, Rule, View, piece
-from tdiff.align.ops import Add, GroupedQKV, Halve, SeqMajorRows, TokensFirst, TopkFromRoutingMap
+from tdiff.align.ops import Add, Combine, GroupedQKV, Halve, SeqMajorRows, Take, TokensFirst, TopkFromRoutingMap
 from tdiff.store import Dump
 
 _LAYER = r"(?:.*\.)?decoder\.layers\.(?P<layer>\d+)\."
@@ -45,18 +47,19 @@ class MegatronAdapter(Adapter):
         Rule(r"(?:.*\.)?decoder\.layers\.(?P<layer>\d+)", "output", ("0",), "output", "sb"),
         Rule(_TOP + r"decoder\.final_layernorm", "output", ("",), "final_norm", "sb"),
     )
-    not_exposed = {
+    not_exposed: Mapping[str, str] = {
         "moe.router": "Megatron's TopKRouter computes its logits inside forward; it outputs "
                       "probabilities and a routing map",
     }
 
     # linear layers whose output may come with a separately returned bias ("1")
-    _LINEARS = {
+    _LINEARS: ClassVar[dict[str, str]] = {
         r"self_attention\.linear_proj": "attn.out",
         r"mlp\.linear_fc2": "mlp.down",
         r"mlp\.shared_experts": "moe.shared",
     }
-    _LINEAR_PATTERNS = [(re.compile(_LAYER + p), b) for p, b in _LINEARS.items()]
+    _LINEAR_PATTERNS: ClassVar[list[tuple[re.Pattern, str]]] = [(re.compile(_LAYER + p), b)
+                                                                 for p, b in _LINEARS.items()]
     _OUTPUT_LAYER = re.compile(_TOP + "output_layer")
     _QKV = re.compile(_LAYER + r"self_attention\.linear_qkv")
     _CORE = re.compile(_LAYER + r"self_attention\.core_attention")
@@ -120,14 +123,13 @@ class MegatronAdapter(Adapter):
             heads, groups, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
             records = [record]
             bias = view.get(module, "output", "1", record.call)
-            combine = Add("bias returned separately") if bias is not None else None
+            combine: Combine = Add("bias returned separately") if bias is not None else Take()
             if bias is not None:
                 records.append(bias)
             for part in "qkv":
                 split = GroupedQKV(groups, heads // groups, head_dim, part)
-                kwargs = {"combine": combine} if combine else {}
-                out.append(piece(f"attn.{part}", match, view, records, transforms=(split,),
-                                 layout=(TokensFirst("sb"),), **kwargs))
+                out.append(piece(f"attn.{part}", match, view, records, combine=combine, transforms=(split,),
+                                 layout=(TokensFirst("sb"),)))
         return out
 
     def _fc1(self, view: View, match, module: str):
@@ -216,7 +218,7 @@ def annotate(module, path: str, role: str, sub: str, tensor) -> dict | None:
     parallel = _parallel_info()
     if parallel is None:
         return None
-    attrs = {"parallel": parallel}
+    attrs: dict[str, object] = {"parallel": parallel}
     spec = _shard_spec(module, path, role, sub)
     if spec:
         attrs["shard"] = spec

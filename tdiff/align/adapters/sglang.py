@@ -12,6 +12,7 @@ At capture time :func:`annotate` records each rank's parallel coordinates and sh
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 import torch
 
@@ -43,7 +44,7 @@ class SGLangAdapter(Adapter):
         Rule(_LAYER + r"mlp\.shared_experts?", "output", ("", "0"), "moe.shared", "t"),
         Rule(r"(?!.*layers\.\d)(?:.*\.)?norm", "output", ("", "0"), "final_norm", "t"),
     )
-    not_exposed = {
+    not_exposed: Mapping[str, str] = {
         "logits": "SGLang computes logits inside LogitsProcessor from lm_head's weight (no module call), "
                   "for the last token of each sequence only",
         "moe.dispatch": "FusedMoE runs all routed experts as one op: routed tokens are not a module output",
@@ -152,7 +153,7 @@ def annotate(module, path: str, role: str, sub: str, tensor) -> dict | None:
     parallel = _parallel_info()
     if parallel is None:
         return None
-    attrs = {"parallel": parallel}
+    attrs: dict[str, object] = {"parallel": parallel}
     spec = _shard_spec(module, role, sub)
     if spec:
         attrs["shard"] = spec

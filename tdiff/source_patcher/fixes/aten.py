@@ -37,7 +37,7 @@ def enable(mode: str) -> Callable[[], None]:
         raise ValueError(f"unknown override mode {mode!r}")
     _active[mode] += 1
     _register()
-    done = []
+    done: list[bool] = []
 
     def disable() -> None:
         if not done:

@@ -59,7 +59,7 @@ def test_a_run_that_lacks_tensors_is_not_a_match_with_allow_incomplete(tmp_path)
     import torch
 
     import tdiff
-    from tdiff.bisect.repeats import write_repeat_index
+    from tdiff.store.repeats import write_repeat_index
 
     out = tmp_path / "rep"
     torch.manual_seed(0)

@@ -63,14 +63,17 @@ def installed_tdiff() -> str:
 
 def tdiff_command(*args, cwd=None, env=None, timeout=600):
     """Run the installed `tdiff` command (see :func:`installed_tdiff`) as a real subprocess."""
-    return subprocess.run([installed_tdiff(), *map(str, args)], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+    return _run([installed_tdiff()], args, cwd, env, timeout)
 
 
 def tdiff_process(*args, cwd=None, env=None, timeout=600):
     """Run the CLI as a real subprocess (python -m tdiff)."""
-    return subprocess.run([sys.executable, "-m", "tdiff", *map(str, args)], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    return _run([sys.executable, "-m", "tdiff"], args, cwd, env, timeout)
+
+
+def _run(command: list[str], args, cwd, env, timeout):
+    return subprocess.run([*command, *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
 
 
 BOUNDED_MEMORY = 2 << 30

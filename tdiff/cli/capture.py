@@ -24,6 +24,9 @@ from tdiff.vocab.parse import parse_size
 @click.option("--exclude", multiple=True, metavar="REGEX", help="Skip modules and dumps whose name matches (repeatable).")
 @click.option("--layers", metavar="RANGES", help="Record only these decoder layers, e.g. 0-3,7.")
 @click.option("--steps", metavar="RANGES", help="Record only these steps (forward passes), e.g. 0-1.")
+@click.option("--ops", multiple=True, metavar="REGEX",
+              help="Inside the forward of modules whose path matches, record every ATen op's output too, "
+                   "with its function and source line (repeatable; docs/BISECT.md).")
 @click.option("--mode", type=click.Choice(["full", "stats"]), default="full", show_default=True,
               help="full: store tensors; stats: fingerprints and statistics only.")
 @click.option("--format", "storage", type=click.Choice(list(STORAGES)), default="safetensors",
@@ -43,7 +46,7 @@ from tdiff.vocab.parse import parse_size
                    "names the first op that is not bitwise repeatable.")
 @quiet_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def capture(out, side, select, exclude, layers, steps, mode, storage, max_pending, batch_row, graph_budget,
+def capture(out, side, select, exclude, layers, steps, ops, mode, storage, max_pending, batch_row, graph_budget,
             force, repeat, quiet, command):
     """Run COMMAND and dump module inputs and outputs of every Python process it starts.
 
@@ -51,6 +54,7 @@ def capture(out, side, select, exclude, layers, steps, mode, storage, max_pendin
     tdiff capture --out dumps/a -- python run.py
     tdiff capture --out dumps/b --layers 0-3 --mode stats -- torchrun --nproc-per-node 2 train.py
     tdiff capture --out dumps/rep --repeat 5 -- python run.py
+    tdiff capture --out dumps/a --ops '^model\\.layers\\.1\\.self_attn$' -- python run.py
 
     Each process (rank) writes its own manifest and shards into --out. Exit status: the
     command's own when it fails, 2 when nothing was captured, 3 when tdiff itself failed, else 0.
@@ -60,7 +64,8 @@ def capture(out, side, select, exclude, layers, steps, mode, storage, max_pendin
 
     compile_patterns(select, "--select")
     compile_patterns(exclude, "--exclude")
-    config = {"side": side or out.name, "select": list(select),
+    compile_patterns(ops, "--ops")
+    config = {"side": side or out.name, "select": list(select), "ops": list(ops),
               "exclude": list(exclude), "layers": _ranges_text(layers, "--layers"),
               "steps": _ranges_text(steps, "--steps"), "mode": mode, "storage": storage,
               "max_pending_bytes": parse_size(max_pending, "--max-pending"), "batch_row": batch_row,
@@ -161,9 +166,10 @@ def _summarize(out: Path, returncode: int, quiet: bool) -> None:
             return
         raise TdiffError(f"{exc}. Is the command running a torch model in Python?") from None
     processes = len(dump.parts)
-    stored = sum(1 for r in dump.records if r.has_data and r.alias_of is None)
+    stored = sum(1 for r in [*dump.records, *dump.ops] if r.has_data and r.alias_of is None)
+    ops = f" and {len(dump.ops)} op outputs" if dump.ops else ""
     if not quiet:
-        click.echo(f"tdiff: captured {len(dump.records)} tensors ({stored} stored, the rest by reference "
+        click.echo(f"tdiff: captured {len(dump.records)} tensors{ops} ({stored} stored, the rest by reference "
                    f"or as statistics) from {processes} process(es) into {out}", err=True)
     for problem in dump.problems:
         click.echo(f"tdiff: warning: the dump is incomplete: {problem}", err=True)

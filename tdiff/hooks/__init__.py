@@ -9,7 +9,7 @@ from tdiff.hooks.cuda_graphs import graph_replayed, graph_rows, warmup
 
 
 def capture(out_dir, *, side=None, select=(), exclude=(), layers=None, steps=None, mode="full",
-            storage="safetensors", model=None, **options) -> Capture:
+            storage="safetensors", model=None, ops=(), **options) -> Capture:
     """Record module inputs and outputs into ``out_dir`` while the ``with`` block runs.
 
     Args:
@@ -20,6 +20,10 @@ def capture(out_dir, *, side=None, select=(), exclude=(), layers=None, steps=Non
         mode: "full" stores tensors; "stats" stores fingerprints and statistics only.
         storage: "safetensors" or "h5".
         model: the outermost model; names are taken from it and its ``forward`` is wrapped too.
+        ops: a regex (or several) searched in module paths: inside the forward of each matching
+            module, every ATen op's output is recorded too, with the op's name, the Python function
+            and source line that ran it and references to its inputs' records (tdiff.hooks.ops);
+            bisect then names the op that introduced a divergence in that module's own code.
         options: ``max_pending_bytes`` (host memory held by pending writes, default 2 GiB),
             ``shard_bytes`` (shard size cap), ``batch_row`` (record only this row of every tensor
             whose leading dimension is the batch size of the outermost call's first input: one
@@ -28,7 +32,7 @@ def capture(out_dir, *, side=None, select=(), exclude=(), layers=None, steps=Non
             CUDA graphs, default 1 GiB; past it, the rest of a graph is recorded as statistics).
     """
     return Capture(out_dir, side=side, select=select, exclude=exclude, layers=layers, steps=steps,
-                   mode=mode, storage=storage, model=model, **options)
+                   mode=mode, storage=storage, model=model, ops=ops, **options)
 
 
 def dump(name: str, value):

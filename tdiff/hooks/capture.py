@@ -43,6 +43,7 @@ from tdiff.hooks.annotations import annotate, annotating_framework
 from tdiff.hooks.cuda_graphs import DEFAULT_GRAPH_BUDGET, GraphRecorder, install_graph_hooks
 from tdiff.hooks.device import Summarizer, host_copy
 from tdiff.hooks.naming import ModulePaths, flatten_call_inputs, flatten_tensors, tensor_name
+from tdiff.hooks.ops import OpRecorder, OpTracer
 from tdiff.hooks.selection import Selection
 from tdiff.vocab.parse import parse_ranges
 from tdiff.vocab.paths import call_layer, layer_of
@@ -54,13 +55,14 @@ _original_call: Callable[..., Any] | None = None
 
 
 class _Frame:
-    __slots__ = ("module", "path", "call", "annotator", "layer", "compiled")
+    __slots__ = ("module", "path", "call", "annotator", "layer", "compiled", "tracer")
 
-    def __init__(self, module, path, call, annotator, layer, compiled=False):
+    def __init__(self, module, path, call, annotator, layer, compiled=False, tracer=None):
         self.module, self.path, self.call = module, path, call
         self.annotator = annotator   # the framework whose annotator describes this call's records
         self.layer = layer           # the decoder layer this call belongs to (tdiff.vocab.paths.call_layer)
         self.compiled = compiled     # a torch.compile'd module: what it calls runs as compiled code
+        self.tracer: OpTracer | None = tracer   # records this call's own ops (capture --ops)
 
 
 class _Seen:
@@ -81,7 +83,7 @@ class Capture:
                  steps=None, mode: str = "full", storage: str = "safetensors", model=None,
                  max_pending_bytes: int = DEFAULT_MAX_PENDING,
                  shard_bytes: int = DEFAULT_SHARD_BYTES, batch_row: int | None = None,
-                 graft: dict | None = None, graph_budget_bytes: int = DEFAULT_GRAPH_BUDGET):
+                 graft: dict | None = None, graph_budget_bytes: int = DEFAULT_GRAPH_BUDGET, ops=()):
         if mode not in MODES:
             raise TdiffError(f"--mode {mode!r}: use one of {', '.join(MODES)}")
         if storage not in STORAGES:
@@ -115,6 +117,7 @@ class Capture:
         self._forward_restore: Callable[[], None] | None = None
         self._graphs = GraphRecorder(self, graph_budget_bytes)   # CUDA graph capture and replays
         self.notes: list[str] = []   # what the dump must say about how it was recorded
+        self._ops = OpRecorder([ops] if isinstance(ops, str) else ops) if ops else None
         self._graft = None
         if graft is not None:  # bisect --graft: feed one call another run's inputs (tdiff.hooks.graft)
             from tdiff.hooks.graft import InputGraft
@@ -187,6 +190,8 @@ class Capture:
         self._top_level_done.clear()
         self._calls.clear()
         self._aliases.clear()
+        if self._ops is not None:
+            self._ops.clear()
         self._summaries.flush()
         self.writer.flush()
 
@@ -199,6 +204,17 @@ class Capture:
         return stack
 
     def module_call(self, module, invoke, args, kwargs):
+        stack = self._stack
+        tracing = stack[-1].tracer if stack else None
+        if tracing is None:
+            return self._module_call(module, invoke, args, kwargs)
+        tracing.paused += 1  # a child's ops are its own (and recording its inputs runs ops too)
+        try:
+            return self._module_call(module, invoke, args, kwargs)
+        finally:
+            tracing.paused -= 1
+
+    def _module_call(self, module, invoke, args, kwargs):
         stack = self._stack
         parent = stack[-1] if stack else None
         if parent is not None and parent.compiled:
@@ -238,12 +254,23 @@ class Capture:
         if recording:
             for sub, tensor in flatten_call_inputs(args, kwargs):
                 self._record(tensor, tensor_name(path, sub), sub, "input", call, where)
+        tracer = None
+        if recording and graph is None and self._ops is not None and self._ops.wants(path):
+            tracer = OpTracer(self, self._ops, call, where)
+            if compiled:
+                self.note(f"--ops: {tensor_name(path, '')} ran eagerly: Dynamo does not compile a frame while "
+                          "a dispatch mode is active, so its ops are those of the eager code")
+                compiled = False  # it runs eagerly: the modules inside it are recorded as usual
         if compiled:
             self.note(f"torch.compile: {tensor_name(path, '')} ran compiled: its inputs and outputs are "
                       "recorded, the modules inside it are not (capture without torch.compile to record them)")
-        stack.append(_Frame(module, path, call, annotator, layer, compiled))
+        stack.append(_Frame(module, path, call, annotator, layer, compiled, tracer))
         try:
-            output = invoke(*args, **kwargs)
+            if tracer is None:
+                output = invoke(*args, **kwargs)
+            else:
+                with tracer:
+                    output = invoke(*args, **kwargs)
         finally:
             stack.pop()
         if recording:
@@ -254,6 +281,16 @@ class Capture:
         return output
 
     def dump(self, name: str, value) -> None:
+        tracing = self._stack[-1].tracer if self._stack else None
+        if tracing is None:
+            return self._dump(name, value)
+        tracing.paused += 1  # recording runs ops that are not the model's
+        try:
+            return self._dump(name, value)
+        finally:
+            tracing.paused -= 1
+
+    def _dump(self, name: str, value) -> None:
         stack = self._stack
         parent = stack[-1] if stack else None
         graph = self._graphs.capturing()
@@ -280,10 +317,17 @@ class Capture:
         return found
 
     # ---- recording one tensor ----
+    def record_op(self, tensor: torch.Tensor, name: str, sub: str, call: int, where: tuple,
+                  op: dict) -> int | None:
+        """An op's output inside a traced forward (tdiff.hooks.ops); returns its record's seq."""
+        if self.writer.failed:
+            return None
+        return self._record(tensor, name, sub, "op", call, where, op)
+
     def _record(self, tensor: torch.Tensor, name: str, sub: str, role: str, call: int,
-                where: tuple) -> None:
+                where: tuple, op: dict | None = None) -> int | None:
         if tensor.device.type == "meta":
-            return
+            return None
         module_path, module, parent, depth, annotator, counter, layer = where
         graph = self._graphs.capturing()
         seq = next(self._seq)
@@ -301,8 +345,11 @@ class Capture:
             rank=self._current_rank(), dtype=dtype_name(tensor.dtype), shape=tuple(tensor.shape),
             sub=sub, module_class=type(module).__name__ if module is not None else None,
             parent=parent.path if parent else None, depth=depth, layer=layer, device=str(tensor.device),
-            alias_of=alias_of,
-            attrs=annotate(module, module_path, role, sub, tensor, annotator) if module is not None else {})
+            alias_of=alias_of, op=op,
+            attrs=annotate(module, module_path, role, sub, tensor, annotator)
+            if module is not None and op is None else {})
+        if self._ops is not None:
+            self._ops.held(original, seq)
         if graph is not None:
             graph.record(record, counter, tensor)  # into the graph's static buffers, harvested on replay
         elif alias_of is not None:
@@ -317,6 +364,7 @@ class Capture:
             self.writer.submit(Pending(record=record, summary=summary))
             if tensor.device.type == "cpu":  # a host summary is complete at once: no wait
                 self._remember(original, seq, tensor, fingerprint=summary.resolve(record)[1])
+        return seq
 
     def _alias_of(self, original: torch.Tensor, tensor: torch.Tensor) -> int | None:
         """The seq of an earlier record of this very tensor object whose stored bytes are still its

@@ -28,7 +28,7 @@ from tdiff.store.record import Record
 from tdiff.errors import DumpError
 
 FORMAT = "tdiff-dump"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: records of role "op" (capture --ops); version 1 dumps read as before
 DUMP_FILE = "tdiff-dump.json"
 STORAGES = ("safetensors", "h5")   # tensor shard formats (tdiff.store.storage)
 MANIFEST_DIR = "manifests"

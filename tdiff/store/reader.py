@@ -33,11 +33,12 @@ class Dump:
     """A dump directory opened for reading. Tensors are loaded lazily, one at a time."""
 
     def __init__(self, path: Path, info: dict, parts: list[Part], records: list[Record],
-                 problems: list[str]):
+                 problems: list[str], ops: list[Record] | None = None):
         self.path = path
         self.info = info
         self.parts = parts
-        self.records = records
+        self.records = records   # module inputs and outputs, explicit dumps: what is compared
+        self.ops = ops or []     # op records (capture --ops), in execution order; bisect descends into them
         self.problems = problems
 
     def is_same_dump(self, other: Dump) -> bool:
@@ -54,7 +55,7 @@ class Dump:
     def check_shards(self) -> None:
         """Open every shard a record points at: a truncated or damaged shard is refused before
         any verdict, also by commands that judge by fingerprints alone (bisect's stats pass)."""
-        for file in sorted({r.file for r in self.records if r.file is not None}):
+        for file in sorted({r.file for r in [*self.records, *self.ops] if r.file is not None}):
             self._shard(file)
 
     @property
@@ -134,8 +135,10 @@ def _open_dump(path: Path, allow_incomplete: bool) -> Dump:
     if missing:
         problems.append(f"{len(missing)} tensor file(s) missing, first {DATA_DIR}/{missing[0]}")
         records = [r for r in records if r.file is None or r.file in present]
+    ops = [r for r in records if r.role == "op"]
+    records = [r for r in records if r.role != "op"]
 
-    dump = _checked(Dump(path, info, parts, records, problems), allow_incomplete)
+    dump = _checked(Dump(path, info, parts, records, problems, ops), allow_incomplete)
     dump.check_shards()  # (an SGLang dumper directory's files were each read when it was indexed)
     return dump
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from tdiff.errors import DumpError
 
-ROLES = ("input", "output", "explicit")
+ROLES = ("input", "output", "explicit", "op")
 _SAFE_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 
 
@@ -23,7 +23,7 @@ class Record:
     seq: int                    # execution order within the process that wrote it
     name: str                   # module path plus sub-name, e.g. "model.layers.0.self_attn[0]"
     module: str                 # module path ("" for the outermost model)
-    role: str                   # "input" | "output" | "explicit"
+    role: str                   # "input" | "output" | "explicit" | "op"
     step: int                   # forward pass index
     call: int                   # invocation index of this module (or explicit name) within the step
     rank: int
@@ -41,6 +41,7 @@ class Record:
     key: str | None = None      # tensor key inside the shard
     alias_of: int | None = None  # seq of an earlier record of the same tensor (stored once)
     attrs: dict = field(default_factory=dict)  # extra metadata: parallel ranks, canonical names
+    op: dict | None = None      # role "op": the ATen op, its index in the call, where it ran, its inputs
     part: str = ""              # the writing process's manifest part (set by the reader)
 
     @property
@@ -93,7 +94,27 @@ class Record:
             raise DumpError(f"{where}: fields 'file' and 'key' must be given together")
         if "file" in values and not _SAFE_FILE.fullmatch(values["file"]):
             raise DumpError(f"{where}: field 'file' must name a file inside the dump, not {values['file']!r}")
+        if (values["role"] == "op") != ("op" in values):
+            raise DumpError(f"{where}: field 'op' must be given exactly for records of role 'op'")
+        if "op" in values:
+            _check_op(values["op"], where)
         return cls(**values)
+
+
+_OP_FIELDS = {"name": str, "index": int, "function": str, "source": str, "inputs": list}
+
+
+def _check_op(op: dict, where: str) -> None:
+    """An op record's ``op``: {"name": "aten::mul.Tensor", "index": 3, "function": "apply_rotary_pos_emb",
+    "source": "modeling_qwen2.py:125", "inputs": [12, null]} (inputs: the seq of the record holding
+    each tensor input's value before the op, null where none does)."""
+    for name, kind in _OP_FIELDS.items():
+        value = op.get(name)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise DumpError(f"{where}: field 'op.{name}' is missing or has the wrong type")
+    if op["index"] < 0 or not all(i is None or (isinstance(i, int) and not isinstance(i, bool) and i >= 0)
+                                  for i in op["inputs"]):
+        raise DumpError(f"{where}: fields 'op.index' and 'op.inputs' must hold non-negative integers")
 
 
 def _default(f: dataclasses.Field):
@@ -110,5 +131,6 @@ _SCHEMA = {
     "shape": (list, False), "sub": (str, True), "module_class": (str, True), "parent": (str, True),
     "depth": (int, True), "layer": (int, True), "device": (str, True), "stats": (dict, True),
     "fingerprint": (str, True), "file": (str, True), "key": (str, True), "alias_of": (int, True), "attrs": (dict, True),
+    "op": (dict, True),
 }
 _REQUIRED = {name for name, (_, optional) in _SCHEMA.items() if not optional}

@@ -38,6 +38,8 @@ def render_bisect(result: BisectResult, console: Console) -> None:
         say(f"[bold red]diverged[/bold red]: {verb} at [bold]{escape(where)}[/bold] "
             f"({d.kind}{layer}), step {record.step} call {record.call}, event {d.event}")
         say(f"  {escape(d.description)}")
+        if d.op is not None:
+            say(f"  {escape(d.op.describe())}")
         say(f"  first differing tensor {escape(d.name)}: {escape(describe(d.comparison, result.tolerance))}")
         if result.trail:
             chain = " > ".join(f"{escape(t.module or ROOT_LABEL)} (ULP at scale "

@@ -7,7 +7,8 @@
                           "introduced": true,
                           "metrics": {"max_abs": 0.0156, "max_ulp": 1, "max_ulp_at_scale": 0.5,
                                       "mismatch_fraction": 0.39, "cosine": 0.99999},
-                          "description": "...", "call": 0, "rank": 0, "reason": null},
+                          "description": "...", "call": 0, "rank": 0, "reason": null,
+                          "op": null},
      "checked": 75,
      "trail": [{"name": "model.layers.1", "module": "model.layers.1", ...}, ...]}
 
@@ -29,6 +30,7 @@ from tdiff.vocab.paths import layer_of
 
 if TYPE_CHECKING:  # for annotations only: graft and repeats import this module
     from tdiff.bisect.graft import GraftVerdict
+    from tdiff.bisect.ops import OpDivergence
     from tdiff.bisect.repeats import RepeatsSection
     from tdiff.bisect.runs import RunLog
     from tdiff.source_patcher.trial import TrialReport
@@ -59,6 +61,7 @@ class Divergence:
     description: str
     module_call: int | None = None  # call index of ``module`` (for graft), when recorded
     before: str | None = None       # module of the event before a "between" (for capture regions)
+    op: OpDivergence | None = None  # the op inside the culprit's call, from op records (tdiff.bisect.ops)
 
     @property
     def layer(self) -> int | None:
@@ -84,7 +87,7 @@ class Divergence:
                 "layer": self.layer, "kind": self.kind, "step": record.step, "event": self.event,
                 "introduced": self.introduced, "metrics": metrics_json(self.comparison),
                 "description": self.description, "call": record.call, "rank": record.rank,
-                "reason": self.comparison.reason}
+                "reason": self.comparison.reason, "op": self.op.to_json() if self.op else None}
 
 
 @dataclass

@@ -52,7 +52,11 @@ def to_bytes_view(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor's bytes as a flat uint8 tensor (a view when it is contiguous)."""
     if tensor.is_quantized:
         tensor = tensor.int_repr()
-    return tensor.contiguous().reshape(-1).view(torch.uint8)
+    flat = tensor.contiguous().reshape(-1)
+    if flat.numel() > 1 or (flat.numel() == 1 and flat.stride(0) != 1):
+        # a one-element view keeps its stride (torch.where's indices): view(uint8) needs stride 1
+        flat = flat if flat.stride(0) == 1 else flat.clone(memory_format=torch.contiguous_format)
+    return flat.view(torch.uint8)
 
 
 def _stored_dtype(dtype: str | torch.dtype) -> torch.dtype:

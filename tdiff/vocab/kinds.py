@@ -80,6 +80,40 @@ def record_kind(record, adapter_kind: str | None = None) -> str:
     return module_kind(record.module, record.module_class)
 
 
+# (kind, pattern searched in the Python function that ran the op, pattern searched in the op's
+# name); the first rule that matches wins. The function says more than the op: a `mul` in
+# `apply_rotary_pos_emb` is RoPE, a `_softmax` in `eager_attention_forward` is attention.
+_OP_RULES = [
+    ("logprobs", r"log_?softmax|logprob", r"log_softmax"),
+    ("rope", r"rotary|rope|rotate_half", r"rotary|rope"),
+    ("attention", r"attention|attn", r"softmax|scaled_dot_product|flash_attention|efficient_attention"),
+    ("norm", r"norm", r"rms_norm|layer_norm|group_norm|batch_norm"),
+    ("residual", r"bias_dropout_add|residual", None),
+    ("activation", r"^act|activation|silu|gelu|swiglu|geglu", r"silu|gelu|relu|sigmoid|tanh"),
+]
+_OP_COMPILED = [(kind, re.compile(function, re.IGNORECASE), re.compile(op, re.IGNORECASE) if op else None)
+                for kind, function, op in _OP_RULES]
+_MOE_KINDS = ("mlp", "moe_experts", "moe_combine", "moe_dispatch")
+_COMBINE_OP = re.compile(r"index_add|scatter_add|scatter_reduce|index_put")
+
+
+def op_kind(op: str, function: str, module_kind: str) -> str | None:
+    """The kind of one ATen op (``aten::mul.Tensor``) run by ``function`` in a module of kind
+    ``module_kind``; None when neither says (the module's kind then stands).
+
+    >>> op_kind("aten::mul.Tensor", "apply_rotary_pos_emb", "attention")
+    'rope'
+    >>> op_kind("aten::index_add_", "forward", "moe_experts")
+    'moe_combine'
+    """
+    if module_kind in _MOE_KINDS and _COMBINE_OP.search(op):
+        return "moe_combine"  # expert outputs summed into the tokens' rows
+    for kind, function_pattern, op_pattern in _OP_COMPILED:
+        if function_pattern.search(function) or (op_pattern is not None and op_pattern.search(op)):
+            return kind
+    return None
+
+
 def between_kind(*, parent: str | None, parent_kind: str | None, before: str | None,
                  after: str | None) -> str:
     """The kind of the code between two recorded events in ``parent``'s forward.

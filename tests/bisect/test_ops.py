@@ -1,0 +1,178 @@
+"""Bisect descends into a module's own code: changes planted inside functions and forwards of real
+models (tiny configs, random weights) are named down to the op, its function and source line."""
+
+import inspect
+import os
+import re
+
+import pytest
+import torch
+
+import tdiff
+from tdiff.bisect import bisect_dumps
+from tests.bisect import planted
+from tests.helpers import tiny_qwen2, token_ids
+
+
+def capture(path, model, ops, forward=None):
+    with torch.no_grad(), tdiff.capture(path, ops=ops):
+        (forward or (lambda: model(token_ids())))()
+    return path
+
+
+def op_of(result):
+    d = result.first_divergence
+    assert d is not None and d.op is not None, result.to_json()
+    return d, result.to_json()["first_divergence"]["op"]
+
+
+def assert_source_in(module, function, source):
+    """``source`` (file:line) lies inside ``function`` of ``module``'s file."""
+    code = inspect.unwrap(getattr(module, function))
+    lines, start = inspect.getsourcelines(code)
+    file, line = source.rsplit(":", 1)
+    assert file == os.path.basename(inspect.getsourcefile(code)), source
+    assert start <= int(line) < start + len(lines), (source, start)
+
+
+def qwen2_pair(tmp_path, ops, *, plant_b=None, monkeypatch=None, replace=None):
+    """Side A: a tiny Qwen2; side B: the same model with ``plant_b`` applied or a function of
+    modeling_qwen2 replaced (``replace``: (name, function))."""
+    from transformers.models.qwen2 import modeling_qwen2
+
+    model = tiny_qwen2()
+    model.config._attn_implementation = "eager"
+    a = capture(tmp_path / "a", model, ops)
+    if replace is not None:
+        monkeypatch.setattr(modeling_qwen2, *replace)
+    if plant_b is not None:
+        plant_b(model)
+    return bisect_dumps(a, capture(tmp_path / "b", model, ops))
+
+
+def test_a_change_inside_apply_rotary_pos_emb_is_named_with_its_op_and_line(tmp_path, monkeypatch):
+    from transformers.models.qwen2 import modeling_qwen2
+
+    result = qwen2_pair(tmp_path, r"self_attn$", monkeypatch=monkeypatch,
+                        replace=("apply_rotary_pos_emb", planted.bf16_apply_rotary_pos_emb))
+    d, op = op_of(result)
+    assert (d.module, d.kind, d.event) == ("model.layers.0.self_attn", "rope", "between")
+    # side A rotates the keys as before; side B casts them to bf16 first: the sequences part there
+    assert op["parted"] is True and op["name_b"] == "aten::_to_copy"
+    assert op["function_b"] == "bf16_apply_rotary_pos_emb"
+    assert_source_in(planted, "bf16_apply_rotary_pos_emb", op["source_b"])
+    assert op["function"] in ("apply_rotary_pos_emb", "rotate_half") and op["name"].startswith("aten::")
+    monkeypatch.undo()  # HF's own function again, to read its lines
+    assert_source_in(modeling_qwen2, op["function"], op["source"])
+    assert op["index"] == op["index_b"]  # every op before it matched, one for one
+
+
+def test_hf_moe_experts_combining_in_another_order_name_index_add(tmp_path):
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+    from transformers.models.qwen2_moe import modeling_qwen2_moe
+
+    config = Qwen2MoeConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, num_experts=4, num_experts_per_tok=3,
+                            moe_intermediate_size=32, shared_expert_intermediate_size=64,
+                            max_position_embeddings=64)
+    # the loop over experts with index_add_, not grouped_mm; three contributions per token, so
+    # their order can change the sum (two added to zero cannot)
+    config._experts_implementation = "eager"
+    torch.manual_seed(0)
+    model = Qwen2MoeForCausalLM(config).eval()
+    ops = r"\.experts$"
+    a = capture(tmp_path / "a", model, ops)
+    planted.reversed_index_add_combine(model.model.layers[1].mlp.experts)
+    result = bisect_dumps(a, capture(tmp_path / "b", model, ops))
+    d, op = op_of(result)
+    assert (d.module, d.kind) == ("model.layers.1.mlp.experts", "moe_combine")
+    # A adds the first expert's rows where B goes on to the next expert
+    assert op["name"] == "aten::index_add_" and op["parted"] is True
+    assert op["function"] == "forward"
+    assert_source_in(modeling_qwen2_moe.Qwen2MoeExperts, "forward", op["source"])
+    assert op["function_b"] == "forward" and op["name_b"] != "aten::index_add_"
+    assert_source_in(planted, "reversed_index_add_combine", op["source_b"])
+
+
+def test_a_bf16_residual_add_in_a_decoder_layers_forward_is_named_at_the_add(tmp_path):
+    from transformers.models.qwen2 import modeling_qwen2
+
+    result = qwen2_pair(tmp_path, r"^model\.layers\.1$",
+                        plant_b=lambda m: planted.bf16_residual(m.model.layers[1]))
+    d, op = op_of(result)
+    assert (d.module, d.kind, d.event) == ("model.layers.1", "residual", "between")
+    assert (op["name"], op["function"], op["name_b"]) == ("aten::add.Tensor", "forward", "aten::_to_copy")
+    assert_source_in(modeling_qwen2.Qwen2DecoderLayer, "forward", op["source"])
+    assert_source_in(planted, "bf16_residual", op["source_b"])
+
+
+def test_softmax_in_bf16_inside_eager_attention_is_named_with_kind_attention(tmp_path, monkeypatch):
+    from transformers.models.qwen2 import modeling_qwen2
+
+    result = qwen2_pair(tmp_path, r"self_attn$", monkeypatch=monkeypatch,
+                        replace=("eager_attention_forward", planted.bf16_softmax_eager_attention))
+    d, op = op_of(result)
+    assert (d.module, d.kind) == ("model.layers.0.self_attn", "attention")
+    assert op["function"] == "eager_attention_forward" and op["function_b"] == "bf16_softmax_eager_attention"
+    monkeypatch.undo()
+    assert_source_in(modeling_qwen2, "eager_attention_forward", op["source"])
+    assert_source_in(planted, "bf16_softmax_eager_attention", op["source_b"])
+    # side A's softmax in fp32 where side B first casts to bf16
+    assert op["parted"] is True and op["name"] == "aten::_softmax" and op["name_b"] == "aten::_to_copy"
+
+
+def test_identical_runs_with_op_records_match_and_their_ops_are_equal(tmp_path):
+    model = tiny_qwen2()
+    a, b = (tdiff_open(capture(tmp_path / side, model, r".")) for side in "ab")
+    assert bisect_dumps(a, b).status == "match"
+    assert a.ops and [(r.name, r.fingerprint) for r in a.ops] == [(r.name, r.fingerprint) for r in b.ops]
+
+
+def tdiff_open(path):
+    from tdiff.store import open_dump
+
+    return open_dump(path)
+
+
+def test_without_op_records_bisect_gives_the_capture_command_that_zooms_in(tmp_path):
+    result = qwen2_pair(tmp_path, (), plant_b=lambda m: planted.bf16_residual(m.model.layers[1]))
+    d = result.first_divergence
+    assert d.op is None and result.to_json()["first_divergence"]["op"] is None
+    hint = next(note for note in result.notes if "--ops" in note)
+    assert "--ops '^model\\.layers\\.1$'" in hint and f"--out {tmp_path / 'a'}-ops" in hint
+    assert re.search(r"ops='\^model\\\\\.layers\\\\\.1\$'", hint)
+
+
+# ---- megatron-core ----
+@pytest.fixture(scope="module")
+def megatron():
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from tests.stacks import megatron
+
+    megatron.init_megatron()
+    yield megatron
+    parallel_state.destroy_model_parallel()
+    dist.destroy_process_group()
+
+
+def test_megatron_bias_dropout_add_in_bf16_is_named_in_its_function(tmp_path, megatron, monkeypatch):
+    from megatron.core.fusions import fused_bias_dropout
+
+    config = megatron.gpt_config(layers=2)
+    ops = r"^decoder\.layers\.\d+$"
+
+    def run(side):
+        model = megatron.build_gpt(config)
+        return capture(tmp_path / side, model, ops, lambda: megatron.gpt_forward(model, token_ids(tokens=8)))
+
+    a = run("a")
+    monkeypatch.setattr(fused_bias_dropout, "_bias_dropout_add_func", planted.bf16_bias_dropout_add)
+    result = bisect_dumps(a, run("b"))
+    d, op = op_of(result)
+    assert (d.module, d.kind, d.event) == ("decoder.layers.0", "residual", "between")
+    assert op["function"] == "_bias_dropout_add_func" and op["function_b"] == "bf16_bias_dropout_add"
+    monkeypatch.undo()
+    assert_source_in(fused_bias_dropout, "_bias_dropout_add_func", op["source"])
+    assert_source_in(planted, "bf16_bias_dropout_add", op["source_b"])

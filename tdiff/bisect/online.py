@@ -26,6 +26,7 @@ from tdiff.bisect.search import BinarySearch
 from tdiff.bisect.spine import INSIDE_LAYER, Boundary, interval_region, spine_boundaries
 from tdiff.bisect.verdict import EventComparator
 from tdiff.bisect.walk import bisect_dumps
+from tdiff.bisect.zoom import zoom_in
 from tdiff.compare.engine import Comparison
 from tdiff.compare.metrics import EXACT, Tolerance
 from tdiff.compare.pairing import NameFilter, NamePairing, Pairing
@@ -58,6 +59,7 @@ def bisect_commands(run_a: str, run_b: str, work: Path, options: OnlineOptions,
         why = "--no-stats-pass" if not options.stats_pass else "fingerprints cannot judge --atol/--rtol"
         echo(f"stats pass skipped ({why}): binary search over boundaries with selective captures")
         result, final_a = _with_search(runner, options)
+    result.notes += zoom_in(runner, result.first_divergence, options.tolerance, options.pairing)  # to the op
     result.runs = runner.log
     return result, runner, final_a
 

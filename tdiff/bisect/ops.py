@@ -72,7 +72,7 @@ def _op(record: Record | None) -> str:
 
 def descend(a: Dump, b: Dump, divergence: Divergence, comparator: EventComparator) -> list[str]:
     """Name the op inside the culprit's call (``divergence.op``, and its kind); returns notes."""
-    if not _own_code(divergence):
+    if not own_code(divergence):
         return []
     record = divergence.comparison.record
     call = record.call if divergence.event == "output" else divergence.module_call
@@ -82,21 +82,27 @@ def descend(a: Dump, b: Dump, divergence: Divergence, comparator: EventComparato
         return [zoom_hint(a, b, divergence.module)]
     if not ops_a or not ops_b:
         side = "A" if not ops_a else "B"
-        return [(f"side {side} has no op records of `{_path(divergence.module)}`: capture both sides with the "
+        return [(f"side {side} has no op records of `{path_label(divergence.module)}`: capture both sides with the "
                  "same --ops to name the op")]
     found = _first_op(ops_a, ops_b, comparator)
     if found is None:
-        return [(f"the ops recorded in `{_path(divergence.module)}` match on both sides: the difference enters "
+        return [(f"the ops recorded in `{path_label(divergence.module)}` match on both sides: the difference enters "
                  "through what no op record holds (a parameter, a tensor made outside the call, a kernel that "
                  "bypasses the dispatcher or a CUDA graph replay)")]
     found.module = divergence.module
-    divergence.op = found
-    named = _op_fields(found.a or found.b)
-    divergence.kind = op_kind(named["name"], named["function"], divergence.kind) or divergence.kind
+    attach(divergence, found)
     return []
 
 
-def _own_code(divergence: Divergence) -> bool:
+def attach(divergence: Divergence, op: OpDivergence) -> None:
+    """Name ``op`` as the divergence's op; its kind, where the op and its function say one."""
+    divergence.op = op
+    named = _op_fields(op.a or op.b)
+    divergence.kind = op_kind(named["name"], named["function"], divergence.kind) or divergence.kind
+
+
+def own_code(divergence: Divergence) -> bool:
+    """Whether the culprit is a module's own code, which op records can zoom into."""
     return divergence.introduced and divergence.module is not None and divergence.event in ("output", "between")
 
 
@@ -133,9 +139,10 @@ def zoom_hint(a: Dump, b: Dump, module: str | None) -> str:
         ran = shlex.join(command) if isinstance(command, list) and command else f"<side {label}'s command>"
         commands.append(f"tdiff capture --out {shlex.quote(str(dump.path) + '-ops')} --ops "
                         f"{shlex.quote(pattern)} -- {ran}")
-    return (f"no op records of `{_path(module)}`: to name the op, capture both sides again with "
+    return (f"no op records of `{path_label(module)}`: to name the op, capture both sides again with "
             f"--ops (or tdiff.capture(..., ops={pattern!r})) and bisect those dumps: " + "; ".join(commands))
 
 
-def _path(module: str | None) -> str:
+def path_label(module: str | None) -> str:
     return module or ROOT_LABEL
+

@@ -22,7 +22,7 @@ SIDES = ("A", "B")
 class Run:
     side: str
     number: int          # per side, from 1
-    purpose: str         # "stats pass", "discovery", "probe", "final capture", "graft"
+    purpose: str         # "stats pass", "discovery", "probe", "final capture", "ops", "graft"
     why: str
     path: Path
     outcome: str = ""    # filled in once the run has been judged
@@ -64,7 +64,7 @@ class Runner:
         self.log = RunLog()
 
     def capture(self, side: str, purpose: str, why: str, *, mode: str, select=(), exclude=(),
-                steps: str | None = None, graft: dict | None = None) -> tuple[Run, Dump]:
+                steps: str | None = None, graft: dict | None = None, ops=()) -> tuple[Run, Dump]:
         from tdiff.hooks.run import run_captured
 
         number = self.log.count(side) + 1
@@ -73,7 +73,7 @@ class Runner:
         self.log.runs.append(run)
         self.echo(f"run {run.label} ({purpose}): {why}")
         config = {"side": f"{side}{number}", "select": list(select), "exclude": list(exclude),
-                  "steps": steps, "mode": mode, "graft": graft}
+                  "steps": steps, "mode": mode, "graft": graft, "ops": list(ops)}
         output = self.work / f"{name}.log"
         with open(output, "wb") as sink:
             returncode = run_captured(["/bin/sh", "-c", self.commands[side]], run.path, config,

@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 import shlex
 import sys
 
@@ -27,15 +28,17 @@ def test_the_demos_planted_norm_is_named_after_a_stats_pass_and_grafting_proves_
     assert (d["module"], d["kind"], d["event"], d["introduced"], d["layer"]) == (
         "model.layers.1.post_attention_layernorm", "norm", "output", True, 1)
     assert d["metrics"]["max_ulp"] >= 1 and 0 < d["metrics"]["mismatch_fraction"] <= 1
+    # the planted norm's own code: its ops, recorded once more per side, name the op and line
+    assert d["op"]["function_b"] == "bf16_rmsnorm_forward" and d["op"]["source_b"].startswith("run.py:")
     runs = report["runs"]
-    assert (runs["a"], runs["b"]) == (2, 3) and runs["boundaries"] is None
+    assert (runs["a"], runs["b"]) == (3, 4) and runs["boundaries"] is None
     assert [(r["side"], r["purpose"]) for r in runs["log"]] == [
         ("A", "stats pass"), ("B", "stats pass"), ("A", "final capture"), ("B", "final capture"),
-        ("B", "graft")]
+        ("A", "ops"), ("B", "ops"), ("B", "graft")]
     graft = report["graft"]
     assert (graft["module"], graft["verdict"]) == ("model.layers.1.post_attention_layernorm", "op_differs")
     assert graft["metrics"]["max_ulp"] >= 1
-    assert "run A1 (stats pass)" in progress and (tmp_path / "w" / "b3-graft").is_dir()
+    assert "run A1 (stats pass)" in progress and (tmp_path / "w" / "b4-graft").is_dir()
 
 
 @pytest.mark.slow
@@ -51,9 +54,11 @@ def test_a_16_layer_model_without_stats_pass_takes_at_most_log2_boundaries_plus_
     assert f"binary search over {boundaries} boundaries: at most {bound} runs per side" in out
     runs_line = next(line for line in out.splitlines() if line.startswith("runs: "))
     a_runs, b_runs = (int(part.split()[1]) for part in runs_line.split("(")[0][6:].split(", "))
-    assert a_runs <= bound and b_runs <= bound
+    ops_runs = len(re.findall(r"^  A\d+ ops: ", out, re.MULTILINE))
+    assert ops_runs == 1  # the norm's own code: one more run per side names its op
+    assert a_runs - ops_runs <= bound and b_runs - ops_runs <= bound
     assert a_runs == b_runs + 1  # the discovery run is side A's only
-    assert out.count(" probe: ") == 2 * (a_runs - 2)
+    assert out.count(" probe: ") == 2 * (a_runs - ops_runs - 2)
 
 
 @pytest.mark.slow
@@ -66,8 +71,10 @@ def test_a_tolerance_searches_and_graft_tells_an_amplifier_from_the_op_that_made
     assert (d["module"], d["event"]) == ("amplify", "output")
     assert report["graft"]["verdict"] == "inputs_only"
     assert d["introduced"] is False
+    # `amplify`'s own code made the difference beyond the tolerance: its op is named too
     assert [r["purpose"] for r in report["runs"]["log"] if r["side"] == "A"] == [
-        "discovery", "probe", "final capture"]
+        "discovery", "probe", "final capture", "ops"]
+    assert d["op"]["name"] == "aten::mul.Tensor" and d["op"]["function"] == "forward"
 
 
 def test_identical_commands_match(tmp_path):
@@ -115,7 +122,9 @@ def test_a_budget_too_small_for_any_region_reports_the_stats_verdict_without_met
                             "cosine": None}
     assert "fingerprints differ" in d["reason"]
     assert any("larger than --budget-gb" in note for note in report["notes"])
-    assert (report["runs"]["a"], report["runs"]["b"]) == (1, 1)
+    # the ops run stores no tensor (stats mode): the budget does not stop it naming the op
+    assert [r["purpose"] for r in report["runs"]["log"]] == ["stats pass", "stats pass", "ops", "ops"]
+    assert d["op"] is not None
 
 
 @pytest.mark.slow
@@ -124,10 +133,11 @@ def test_a_budget_after_a_search_measures_the_layer_and_captures_its_children_on
                        "--no-stats-pass", "--budget-gb", BUDGET_GB, expect=1)
     d = report["first_divergence"]
     assert (d["module"], d["kind"], d["event"]) == ("model.layers.1.post_attention_layernorm", "norm", "output")
-    purposes = [r["purpose"] for r in report["runs"]["log"] if r["side"] == "A"]
+    log = [r for r in report["runs"]["log"] if r["purpose"] != "ops"]
+    purposes = [r["purpose"] for r in log if r["side"] == "A"]
     assert purposes[0] == purposes[-2] == "discovery" and purposes[-1] == "final capture"
-    assert "sizes inside `model.layers.1`" in report["runs"]["log"][-3]["why"]
-    assert "everything in it" not in report["runs"]["log"][-1]["why"]
+    assert "sizes inside `model.layers.1`" in log[-3]["why"]
+    assert "everything in it" not in log[-1]["why"]
 
 
 @pytest.mark.slow
@@ -136,3 +146,25 @@ def test_exclude_leaves_the_planted_norm_out_of_every_run_compared(tmp_path):
                        expect=1)
     d = report["first_divergence"]
     assert "post_attention_layernorm" not in d["name"] and d["layer"] == 1
+
+
+ZOOM = f"cd {shlex.quote(str(REPO))} && {PYTHON} -m tests.bisect.programs zoom"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("case", "module", "kind", "function_b"), [
+    ("rope", "model.layers.0.self_attn", "rope", "bf16_apply_rotary_pos_emb"),
+    ("softmax", "model.layers.0.self_attn", "attention", "bf16_softmax_eager_attention"),
+    ("residual", "model.layers.1", "residual", "forward"),
+    ("moe", "model.layers.1.mlp.experts", "moe_combine", "forward"),
+    ("bda", "decoder.layers.0", "residual", "bf16_bias_dropout_add"),
+])
+def test_the_two_commands_alone_name_the_planted_op_its_function_and_line(case, module, kind, function_b):
+    report, _ = bisect("--run-a", f"{ZOOM} {case}", "--run-b", f"{ZOOM} {case} --planted", expect=1)
+    d = report["first_divergence"]
+    assert (d["module"], d["kind"]) == (module, kind)
+    op = d["op"]
+    assert op is not None and op["function_b"] == function_b and op["source_b"].startswith("planted.py:")
+    assert op["name"].startswith("aten::") and op["source"].split(":")[1].isdigit()
+    assert [r["purpose"] for r in report["runs"]["log"]][-2:] == ["ops", "ops"]
+    assert f"--ops ^{re.escape(module)}$" in report["runs"]["log"][-1]["why"]

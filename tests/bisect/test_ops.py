@@ -11,6 +11,7 @@ import torch
 import tdiff
 from tdiff.bisect import bisect_dumps
 from tests.bisect import planted
+from tests.bisect.programs import tiny_moe
 from tests.helpers import tiny_qwen2, token_ids
 
 
@@ -68,18 +69,9 @@ def test_a_change_inside_apply_rotary_pos_emb_is_named_with_its_op_and_line(tmp_
 
 
 def test_hf_moe_experts_combining_in_another_order_name_index_add(tmp_path):
-    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
     from transformers.models.qwen2_moe import modeling_qwen2_moe
 
-    config = Qwen2MoeConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                            num_attention_heads=4, num_key_value_heads=2, num_experts=4, num_experts_per_tok=3,
-                            moe_intermediate_size=32, shared_expert_intermediate_size=64,
-                            max_position_embeddings=64)
-    # the loop over experts with index_add_, not grouped_mm; three contributions per token, so
-    # their order can change the sum (two added to zero cannot)
-    config._experts_implementation = "eager"
-    torch.manual_seed(0)
-    model = Qwen2MoeForCausalLM(config).eval()
+    model = tiny_moe()
     ops = r"\.experts$"
     a = capture(tmp_path / "a", model, ops)
     planted.reversed_index_add_combine(model.model.layers[1].mlp.experts)

@@ -6,6 +6,8 @@ For each depth, the demo model (examples/demo/run.py) with its planted bf16 RMSN
 bisected online with the stats pass disabled (`tdiff bisect --run-a ... --run-b ...
 --no-stats-pass`): a binary search over boundaries with one selective capture per probe. Printed:
 boundaries, runs per side, the bound ceil(log2(boundaries)) + 2, the culprit named, and the time.
+The planted norm is a module's own code, so both sides then run once more to record its ops (the
+"ops" column, outside the bound; docs/BISECT.md).
 """
 
 from __future__ import annotations
@@ -37,16 +39,21 @@ def main(argv=None) -> None:
     parser.add_argument("--layers", default="2,4,8,16")
     args = parser.parse_args(argv)
     print(f"online bisection without the stats pass, demo model, planted fault in layer 1; {machine()}\n")
-    print(f"{'layers':>6} {'boundaries':>10} {'runs A':>7} {'runs B':>7} {'bound':>6}  {'seconds':>8}  culprit")
+    print(f"{'layers':>6} {'boundaries':>10} {'runs A':>7} {'runs B':>7} {'bound':>6}  {'ops':>4} {'seconds':>8}  "
+          "culprit")
     for layers in (int(n) for n in args.layers.split(",")):
         found, seconds = bisect(layers)
         runs = found["runs"]
         n = runs["boundaries"]
         bound = math.ceil(math.log2(n)) + 2
         first = found["first_divergence"]
-        ok = "ok" if max(runs["a"], runs["b"]) <= bound else "OVER"
-        print(f"{layers:>6} {n:>10} {runs['a']:>7} {runs['b']:>7} {bound:>6} {ok:>3} {seconds:7.1f}  "
-              f"{first['module']} ({first['kind']})")
+        ops = sum(1 for run in runs["log"] if run["purpose"] == "ops" and run["side"] == "A")
+        search_a, search_b = runs["a"] - ops, runs["b"] - ops
+        ok = "ok" if max(search_a, search_b) <= bound else "OVER"
+        op = first["op"]
+        named = f", op {op['name_b']} in {op['function_b']} ({op['source_b']})" if op else ""
+        print(f"{layers:>6} {n:>10} {search_a:>7} {search_b:>7} {bound:>6} {ok:>3} {ops:>4} {seconds:7.1f}  "
+              f"{first['module']} ({first['kind']}){named}")
 
 
 if __name__ == "__main__":

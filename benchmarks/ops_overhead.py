@@ -8,7 +8,6 @@ Variants, interleaved round by round (medians are printed), each timed until the
   stats + 1 attn     the same, with --ops for one layer's self_attn (what online bisect records)
   stats + 1 layer    --ops for one decoder layer and every module in it
   stats + all        --ops for every module of the model
-  full + 1 attn      full mode, --ops for one layer's self_attn
 
 Op records cost only inside the selected modules: the dispatch mode is active only while their
 forward runs, and paused while their children run.
@@ -29,7 +28,6 @@ VARIANTS = {
     "stats + 1 attn": ("stats", (r"^model\.layers\.3\.self_attn$",)),
     "stats + 1 layer": ("stats", (r"^model\.layers\.3(\.|$)",)),
     "stats + all": ("stats", (r"",)),
-    "full + 1 attn": ("full", (r"^model\.layers\.3\.self_attn$",)),
 }
 
 

@@ -6,7 +6,7 @@
 While a selected module's forward runs, a ``TorchDispatchMode`` (as ``torch.utils._debug_mode``
 traces) sees each ATen op and records its output as a record of role ``op``: the op's name
 (``aten::mul.Tensor``), its index within the call, the innermost Python function outside torch
-and tdiff that called it and its ``file:line``, and its tensor inputs as the ``seq`` of the
+and tdiff that called it (or the module's forward, for torch's own modules) and its ``file:line``, and its tensor inputs as the ``seq`` of the
 records that hold their values (an earlier op's output, the module's input, a child's output;
 null for a tensor nothing recorded, such as a parameter). Nothing is copied for an input.
 
@@ -95,6 +95,9 @@ class OpTracer(TorchDispatchMode):
         # an op runs inside the module: the module is its parent, one level deeper
         self.where = (path, module, _Enclosing(path), depth + 1, annotator, None, layer)
         self.base = tensor_name(path, "")
+        # the module's own forward is where its ops are, also for a torch module (nn.Linear)
+        forward = getattr(module, "forward", None)
+        self.forward_code = getattr(getattr(forward, "__func__", forward), "__code__", None)
         self.index = 0
         self.paused = 0
 
@@ -107,7 +110,7 @@ class OpTracer(TorchDispatchMode):
         output = func(*args, **kwargs)
         index = self.index
         self.index += 1
-        function, source = _caller()
+        function, source = _caller(self.forward_code)
         op = {"name": func.name(), "index": index, "function": function, "source": source, "inputs": inputs}
         name = f"{self.base}#{index}"
         written = _written(func, args, kwargs)
@@ -141,10 +144,12 @@ class _Enclosing:
         self.path = path
 
 
-def _caller() -> tuple[str, str]:
-    """The innermost Python frame outside torch and tdiff: its function and ``file:line``."""
+def _caller(forward_code) -> tuple[str, str]:
+    """The innermost Python frame outside torch and tdiff, or the traced module's forward (which
+    torch's own modules have inside torch): its function and ``file:line``."""
     frame: FrameType | None = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename.startswith(_LIBRARY_DIRS):
+    while (frame is not None and frame.f_code is not forward_code
+           and frame.f_code.co_filename.startswith(_LIBRARY_DIRS)):
         frame = frame.f_back
     if frame is None:
         return "", ""

@@ -2,8 +2,12 @@
 models (tiny configs, random weights) are named down to the op, its function and source line."""
 
 import inspect
+import json
 import os
 import re
+import shlex
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -12,7 +16,7 @@ import tdiff
 from tdiff.bisect import bisect_dumps
 from tests.bisect import planted
 from tests.bisect.programs import tiny_moe
-from tests.helpers import tiny_qwen2, token_ids
+from tests.helpers import REPO, installed_tdiff, tdiff_cli, tiny_qwen2, token_ids
 
 
 def capture(path, model, ops, forward=None):
@@ -168,3 +172,28 @@ def test_megatron_bias_dropout_add_in_bf16_is_named_in_its_function(tmp_path, me
     monkeypatch.undo()
     assert_source_in(fused_bias_dropout, "_bias_dropout_add_func", op["source"])
     assert_source_in(planted, "bf16_bias_dropout_add", op["source_b"])
+
+
+@pytest.mark.slow
+def test_the_printed_capture_commands_record_the_ops_that_name_the_culprit(tmp_path):
+    """Offline dumps without op records: the note's commands, run as printed, give dumps whose
+    bisection names the op."""
+    amplify = f"cd {shlex.quote(str(REPO))} && {shlex.quote(sys.executable)} -m tests.bisect.programs amplify"
+    for side, flag in (("a", ""), ("b", " --split-k")):
+        tdiff_cli("capture", "--out", tmp_path / side, "--", "/bin/sh", "-c", amplify + flag, expect=0)
+    result = tdiff_cli("bisect", tmp_path / "a", tmp_path / "b", expect=1)
+    assert "introduced at proj" in result.stdout
+    note = next(line for line in result.stdout.splitlines() if "bisect those dumps: " in line)
+    commands = note.split("bisect those dumps: ")[1].split("; ")
+    assert commands[0].startswith(f"tdiff capture --out {tmp_path / 'a'}-ops --ops '^proj$' -- /bin/sh -c ")
+    for command in commands:
+        ran = subprocess.run(installed_tdiff() + command.removeprefix("tdiff"), shell=True, capture_output=True)
+        assert ran.returncode == 0, ran.stderr[-2000:]
+    report = json.loads(tdiff_cli("bisect", f"{tmp_path / 'a'}-ops", f"{tmp_path / 'b'}-ops", "--json",
+                                  expect=1).stdout)
+    op = report["first_divergence"]["op"]
+    assert report["first_divergence"]["module"] == "proj"
+    # nn.Linear's own forward lies inside torch: it is still the function named
+    assert (op["function"], op["source"].split(":")[0]) == ("forward", "linear.py")
+    assert op["function_b"] == "forward" and op["source_b"].startswith("planted.py:")
+    assert op["parted"] is True and op["index"] == op["index_b"] == 0

@@ -84,14 +84,17 @@ def descend(a: Dump, b: Dump, divergence: Divergence, comparator: EventComparato
         side = "A" if not ops_a else "B"
         return [(f"side {side} has no op records of `{path_label(divergence.module)}`: capture both sides with the "
                  "same --ops to name the op")]
+    # what capture said about how it recorded ops (a compiled module run eagerly, a CUDA graph)
+    limits = [f"side {label}: {note}" for label, dump in (("A", a), ("B", b))
+              for note in dump.notes if note.startswith("--ops:")]
     found = _first_op(ops_a, ops_b, comparator)
     if found is None:
-        return [(f"the ops recorded in `{path_label(divergence.module)}` match on both sides: the difference enters "
-                 "through what no op record holds (a parameter, a tensor made outside the call, a kernel that "
-                 "bypasses the dispatcher or a CUDA graph replay)")]
+        return [*limits, (f"the ops recorded in `{path_label(divergence.module)}` match on both sides: the difference "
+                          "enters through what no op record holds (a parameter, a tensor made outside the call, a "
+                          "kernel that bypasses the dispatcher or a CUDA graph replay)")]
     found.module = divergence.module
     attach(divergence, found)
-    return []
+    return limits
 
 
 def attach(divergence: Divergence, op: OpDivergence) -> None:

@@ -255,7 +255,10 @@ class Capture:
             for sub, tensor in flatten_call_inputs(args, kwargs):
                 self._record(tensor, tensor_name(path, sub), sub, "input", call, where)
         tracer = None
-        if recording and graph is None and self._ops is not None and self._ops.wants(path):
+        if recording and self._ops is not None and self._ops.wants(path) and graph is not None:
+            self.note(f"--ops: {tensor_name(path, '')} ran in a CUDA graph: the ops of its replays are not "
+                      "dispatched, so none is recorded")
+        elif recording and self._ops is not None and self._ops.wants(path):
             tracer = OpTracer(self, self._ops, call, where)
             if compiled:
                 self.note(f"--ops: {tensor_name(path, '')} ran eagerly: Dynamo does not compile a frame while "

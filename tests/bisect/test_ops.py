@@ -197,3 +197,19 @@ def test_the_printed_capture_commands_record_the_ops_that_name_the_culprit(tmp_p
     assert (op["function"], op["source"].split(":")[0]) == ("forward", "linear.py")
     assert op["function_b"] == "forward" and op["source_b"].startswith("planted.py:")
     assert op["parted"] is True and op["index"] == op["index_b"] == 0
+
+
+def test_bisect_says_when_a_traced_compiled_module_ran_eagerly(tmp_path):
+    torch._dynamo.reset()
+    try:
+        model = tiny_qwen2()
+        model.model.layers[1].compile(backend="aot_eager")
+        a = capture(tmp_path / "a", model, r"^model\.layers\.1$")
+        planted.bf16_residual(model.model.layers[1])
+        result = bisect_dumps(a, capture(tmp_path / "b", model, r"^model\.layers\.1$"))
+    finally:
+        torch._dynamo.reset()
+    d, op = op_of(result)
+    assert (d.module, d.kind, op["name"], op["name_b"]) == ("model.layers.1", "residual", "aten::add.Tensor",
+                                                           "aten::_to_copy")
+    assert any(note.startswith("side B: --ops: model.layers.1 ran eagerly") for note in result.notes)

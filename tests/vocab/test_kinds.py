@@ -3,7 +3,7 @@ between two events."""
 
 import pytest
 
-from tdiff.vocab.kinds import KINDS, between_kind, explicit_kind, module_kind
+from tdiff.vocab.kinds import KINDS, between_kind, explicit_kind, module_kind, op_kind
 
 
 @pytest.mark.parametrize("path, cls, kind", [
@@ -68,3 +68,23 @@ def test_explicit_dump_names():
 def test_kinds_of_the_code_between_events(parent, parent_kind, before, after, kind):
     assert between_kind(parent=parent, parent_kind=parent_kind, before=before, after=after) == kind
     assert kind in KINDS
+
+
+@pytest.mark.parametrize("op, function, module_kind, kind", [
+    ("aten::mul.Tensor", "apply_rotary_pos_emb", "attention", "rope"),
+    ("aten::cat", "rotate_half", "attention", "rope"),
+    ("aten::mul.Tensor", "_apply_rotary_pos_emb_bshd", "attention", "rope"),
+    ("aten::_softmax", "eager_attention_forward", "attention", "attention"),
+    ("aten::_softmax", "forward", "other", "attention"),
+    ("aten::_log_softmax", "forward", "other", "logprobs"),
+    ("aten::index_add_", "forward", "moe_experts", "moe_combine"),
+    ("aten::scatter_add_", "combine", "mlp", "moe_combine"),
+    ("aten::add.Tensor", "_bias_dropout_add_func", "other", "residual"),
+    ("aten::rsqrt", "rms_norm_forward", "norm", "norm"),
+    ("aten::silu", "forward", "mlp", "activation"),
+    ("aten::add.Tensor", "forward", "other", None),        # the module-level kind stands
+    ("aten::index_add_", "forward", "other", None),        # not in a MoE module
+])
+def test_kinds_of_ops_from_the_op_and_its_function(op, function, module_kind, kind):
+    assert op_kind(op, function, module_kind) == kind
+    assert kind is None or kind in KINDS

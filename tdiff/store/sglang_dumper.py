@@ -60,6 +60,8 @@ def _has_dumper_files(path: Path) -> bool:
 
 def load_tensor(path: Path, record: Record) -> torch.Tensor:
     """One record's tensor from the dumper directory ``path`` (the reader's loader for FORMAT)."""
+    if record.file is None or record.key is None:
+        raise DumpError(f"{path}: {record.name} names no dumper file")
     file = path / record.file
     tensor = _DumperValue(file).leaf_at(_unwrap(_read(file, mmap=False))[0], record.key)
     if tensor is None:
@@ -240,7 +242,7 @@ def _framework(tags: dict) -> tuple[str | None, dict]:
 
 
 def _parallel(framework: str | None, info: dict, tags: dict) -> dict:
-    if _int(tags.get("world_size"), 1) <= 1 or not info:
+    if framework is None or _int(tags.get("world_size"), 1) <= 1 or not info:
         return {}
     keys = {"megatron": {"tp": "tp", "ep": "ep", "etp": "etp", "dp": "dp", "edp": "edp", "pp": "pp"},
             "sglang": {"tp": "tp", "moe_ep": "ep", "moe_tp": "etp", "attn_dp": "dp", "pp": "pp"}}[framework]

@@ -63,7 +63,7 @@ class MappingAdapter(Adapter):
         super().__init__()
         self.path = Path(path)
         self.label = str(data.get("label") or f"mapping {self.path.name}")
-        self.sides = data.get("side")
+        self.sides: str | None = data.get("side")
         self.mapping_rules = mapping_rules
         self.not_exposed = not_exposed
 

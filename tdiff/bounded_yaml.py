@@ -185,10 +185,11 @@ class Fields:
         return value
 
     def choice(self, key: str, options: tuple, default=None, describe: str = ""):
-        """The value of ``key``, one of ``options``; ``default`` (unchecked) where it is absent."""
-        if key not in self.data:
+        """The value of ``key``, one of ``options``; ``default`` (unchecked) where it is absent or
+        left empty."""
+        value = self.data.get(key)
+        if value is None:
             return default
-        value = self.data[key]
         if value not in options:
             raise self.error(f"{self.what}: {key} must be one of {', '.join(map(str, options))}{describe}, "
                              f"not {brief(value)}", key)

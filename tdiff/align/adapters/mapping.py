@@ -97,7 +97,6 @@ def load_mapping(path: str | Path) -> MappingAdapter:
         raise TdiffError(f"--mapping {exc}") from None
     top = Fields(load_with_lines(text, where), where, "the file", _FILE_KEYS, 1)
     top.choice("side", ("a", "b", "both"))
-    top.text("label")
     default_layout = top.choice("layout", LAYOUTS, "bs", _LAYOUT_NAMES)
     parsed = [_rule(Fields(rule, where, f"rule {i}", _RULE_KEYS, top.line_of("rules")), default_layout)
               for i, rule in enumerate(top.items("rules", required=True), 1)]

@@ -73,8 +73,11 @@ class Nested(Generic[T]):
             yield prefix, value
             return
         parts = self._parts(value, prefix, depth, seen)
-        for _, name, item in parts or ():
-            yield from self._leaves(item, join(prefix, name), depth + 1, seen | {id(value)})
+        if parts is None:
+            return
+        inside = seen | {id(value)}
+        for _, name, item in parts:
+            yield from self._leaves(item, join(prefix, name), depth + 1, inside)
 
     def _replace(self, value, new: Callable[[str, T], T], prefix: str, depth: int, seen: frozenset):
         if isinstance(value, self.leaf):
@@ -82,7 +85,8 @@ class Nested(Generic[T]):
         parts = self._parts(value, prefix, depth, seen)
         if parts is None:
             return value
-        items = [(key, item, self._replace(item, new, join(prefix, name), depth + 1, seen | {id(value)}))
+        inside = seen | {id(value)}
+        items = [(key, item, self._replace(item, new, join(prefix, name), depth + 1, inside))
                  for key, name, item in parts]
         if all(replaced is item for _, item, replaced in items):
             return value

@@ -94,7 +94,7 @@ def load(text: str, source: str, loader: type[BoundedSafeLoader] = BoundedSafeLo
         raise TdiffError(f"{where}: not valid YAML: {problem}") from None
 
 
-class LinedMapping(dict):
+class _LinedMapping(dict):
     """A YAML mapping that remembers its line and the line of each key."""
 
     line: int | None = None
@@ -109,7 +109,7 @@ class _LineLoader(BoundedSafeLoader):
 
 
 def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode):
-    data = LinedMapping()
+    data = _LinedMapping()
     data.line = node.start_mark.line + 1
     data.key_lines = {}
     yield data
@@ -151,7 +151,7 @@ class Fields:
                 raise self.error(f"{what}: unknown key {key!r} (known keys: {', '.join(known)})", key)
 
     def line_of(self, key: str | None = None) -> int | None:
-        if key is not None and isinstance(self.data, LinedMapping):
+        if key is not None and isinstance(self.data, _LinedMapping):
             return self.data.line_of(key)
         return self.line
 
@@ -213,5 +213,5 @@ class Fields:
 
 
 def _type_name(value) -> str:
-    return {dict: "a mapping", LinedMapping: "a mapping", list: "a list", str: "text", bool: "true/false",
+    return {dict: "a mapping", _LinedMapping: "a mapping", list: "a list", str: "text", bool: "true/false",
             int: "a number", float: "a number", type(None): "empty"}.get(type(value), type(value).__name__)

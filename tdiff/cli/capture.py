@@ -55,30 +55,31 @@ def capture(out, side, select, exclude, layers, steps, mode, storage, max_pendin
     Each process (rank) writes its own manifest and shards into --out. Exit status: the
     command's own when it fails, 2 when nothing was captured, 3 when tdiff itself failed, else 0.
     """
-    from tdiff.hooks.run import run_captured
+    from dataclasses import replace
+
+    from tdiff.launch import CaptureConfig, exit_status, run_command
     from tdiff.vocab.parse import compile_patterns
 
     compile_patterns(select, "--select")
     compile_patterns(exclude, "--exclude")
-    config = {"side": side or out.name, "select": list(select),
-              "exclude": list(exclude), "layers": _ranges_text(layers, "--layers"),
-              "steps": _ranges_text(steps, "--steps"), "mode": mode, "storage": storage,
-              "max_pending_bytes": parse_size(max_pending, "--max-pending"), "batch_row": batch_row,
-              "graph_budget_bytes": parse_size(graph_budget, "--graph-budget")}
+    config = CaptureConfig(out=out, side=side or out.name, mode=mode, storage=storage, select=tuple(select),
+                           exclude=tuple(exclude), layers=_ranges_text(layers, "--layers"),
+                           steps=_ranges_text(steps, "--steps"), batch_row=batch_row,
+                           max_pending_bytes=parse_size(max_pending, "--max-pending"),
+                           graph_budget_bytes=parse_size(graph_budget, "--graph-budget"))
     _prepare_out(out, force)
     if repeat == 1:
-        runs = [(out, config)]
+        runs = [config]
     else:
         from tdiff.store.repeats import write_repeat_index
 
-        runs = [(run, {**config, "side": f"{config['side']} {run.name}"})
+        runs = [replace(config, out=run, side=f"{config.side} {run.name}")
                 for run in write_repeat_index(out, repeat, list(command))]
-    for run_out, run_config in runs:
-        returncode = run_captured(list(command), run_out, run_config)
-        _summarize(run_out, returncode, quiet)
+    for run in runs:
+        returncode = run_command(list(command), capture=run)
+        _summarize(run.out, returncode, quiet)
         if returncode != 0:
-            # like a shell: a command killed by signal N exits 128 + N
-            sys.exit(returncode if returncode > 0 else 128 - returncode)
+            sys.exit(exit_status(returncode))
 
 
 def _ranges_text(text: str | None, what: str) -> str | None:

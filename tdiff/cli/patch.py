@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -43,7 +42,7 @@ def apply(config, quiet, command):
     that fails there ends that process with status 2. Exit status: the command's own (3 when
     tdiff itself failed).
     """
-    from tdiff.bootstrap import child_environment
+    from tdiff.launch import exit_status, run_command
     from tdiff.source_patcher.bootstrap import child_config, read_applied_log
     from tdiff.source_patcher.catalogue import patches_from
 
@@ -51,11 +50,7 @@ def apply(config, quiet, command):
     _refuse_stale([patches])
     with tempfile.TemporaryDirectory(prefix="tdiff-patch-") as scratch:
         log = str(Path(scratch) / "applied.jsonl")
-        env = child_environment(patches=child_config(patches, applied_log=log))
-        try:
-            returncode = subprocess.run(list(command), env=env).returncode
-        except OSError as exc:
-            raise TdiffError(f"cannot run {command[0]}: {exc.strerror or exc}") from None
+        returncode = run_command(list(command), patches=child_config(patches, applied_log=log))
         applied = read_applied_log(log)
     took = sorted({entry["patch"] for entry in applied})
     never = [p.name for p in patches if p.name not in took]
@@ -65,7 +60,7 @@ def apply(config, quiet, command):
                    + (f"; never applied (target module not imported): {', '.join(never)}" if never else ""),
                    err=True)
     if returncode != 0:
-        sys.exit(returncode if returncode > 0 else 128 - returncode)
+        sys.exit(exit_status(returncode))
 
 
 @patch.command()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from tdiff.cli.options import quiet_option
+from tdiff.cli.options import batch_row_option, capture_selection_options, check_capture_selection, quiet_option
 from tdiff.errors import TdiffError
 from tdiff.store.manifest import DATA_DIR, DUMP_FILE, MANIFEST_DIR, STORAGES, describe_exit, read_part
 from tdiff.vocab.parse import parse_size
@@ -20,19 +20,14 @@ from tdiff.vocab.parse import parse_size
 @click.option("--out", "-o", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Dump directory to create.")
 @click.option("--side", help="Label of this run in reports (default: the directory name).")
-@click.option("--select", multiple=True, metavar="REGEX", help="Record only modules whose path matches (repeatable).")
-@click.option("--exclude", multiple=True, metavar="REGEX", help="Skip modules and dumps whose name matches (repeatable).")
-@click.option("--layers", metavar="RANGES", help="Record only these decoder layers, e.g. 0-3,7.")
-@click.option("--steps", metavar="RANGES", help="Record only these steps (forward passes), e.g. 0-1.")
+@capture_selection_options()
 @click.option("--mode", type=click.Choice(["full", "stats"]), default="full", show_default=True,
               help="full: store tensors; stats: fingerprints and statistics only.")
 @click.option("--format", "storage", type=click.Choice(list(STORAGES)), default="safetensors",
               show_default=True, help="Tensor file format.")
 @click.option("--max-pending", default="2GiB", show_default=True, metavar="SIZE",
               help="Host memory pending writes may hold; capture waits at the cap.")
-@click.option("--batch-row", type=click.IntRange(min=0), metavar="N",
-              help="Record only row N of tensors whose leading dimension is the batch size (one "
-                   "sequence of a batch, to compare with it scored alone).")
+@batch_row_option()
 @click.option("--graph-budget", default="1GiB", show_default=True, metavar="SIZE",
               help="GPU memory for the static buffers that record tensors inside CUDA graphs; past "
                    "it, the rest of a graph is recorded as statistics (see docs/GPU.md).")
@@ -58,13 +53,10 @@ def capture(out, side, select, exclude, layers, steps, mode, storage, max_pendin
     from dataclasses import replace
 
     from tdiff.launch import CaptureConfig, exit_status, run_command
-    from tdiff.vocab.parse import compile_patterns
 
-    compile_patterns(select, "--select")
-    compile_patterns(exclude, "--exclude")
+    check_capture_selection(select, exclude, layers, steps)
     config = CaptureConfig(out=out, side=side or out.name, mode=mode, storage=storage, select=tuple(select),
-                           exclude=tuple(exclude), layers=_ranges_text(layers, "--layers"),
-                           steps=_ranges_text(steps, "--steps"), batch_row=batch_row,
+                           exclude=tuple(exclude), layers=layers, steps=steps, batch_row=batch_row,
                            max_pending_bytes=parse_size(max_pending, "--max-pending"),
                            graph_budget_bytes=parse_size(graph_budget, "--graph-budget"))
     _prepare_out(out, force)
@@ -80,13 +72,6 @@ def capture(out, side, select, exclude, layers, steps, mode, storage, max_pendin
         _summarize(run.out, returncode, quiet)
         if returncode != 0:
             sys.exit(exit_status(returncode))
-
-
-def _ranges_text(text: str | None, what: str) -> str | None:
-    from tdiff.vocab.parse import parse_ranges
-
-    parse_ranges(text, what)  # validate before the command starts
-    return text
 
 
 def _prepare_out(out: Path, force: bool) -> None:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import click
 
-from tdiff.cli.options import (allow_incomplete_option, check_capture_selection, json_option, mapping_option,
-                               name_filter_options, quiet_option, steps_option, tolerance_from, tolerance_options,
-                               workdir_option)
+from tdiff.cli.options import (allow_incomplete_option, check_capture_selection, dumps_from, json_option,
+                               mapping_option, name_filter_options, quiet_option, steps_option, tolerance_from,
+                               tolerance_options, workdir_option)
 from tdiff.errors import TdiffError
 
 GIB = 1 << 30
@@ -84,15 +84,11 @@ def bisect(dumps, run_a, run_b, exact, atol, rtol, select, exclude, graft, try_s
             result, runner, final_a = bisect_repeats(dumps[0], tolerance=tolerance, allow_incomplete=allow_incomplete,
                                                      pairing=names.applied_to(None)), None, None
         else:
-            from tdiff.align import choose_pairing
             from tdiff.bisect.runs import Runner
             from tdiff.bisect.walk import bisect_dumps
-            from tdiff.store import open_dump
 
-            final_a = open_dump(dumps[0], allow_incomplete=allow_incomplete)
-            dump_b = open_dump(dumps[1], allow_incomplete=allow_incomplete)
-            result = bisect_dumps(final_a, dump_b, tolerance=tolerance,
-                                  pairing=names.applied_to(choose_pairing(final_a, dump_b, mapping)))
+            final_a, dump_b, pairing = dumps_from(dumps[0], dumps[1], allow_incomplete, mapping)
+            result = bisect_dumps(final_a, dump_b, tolerance=tolerance, pairing=names.applied_to(pairing))
             runner = Runner({"B": run_b}, work_dir, lambda line: progress.print(line, highlight=False)) \
                 if graft else None
         if graft and result.first_divergence is not None:

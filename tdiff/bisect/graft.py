@@ -26,6 +26,7 @@ from tdiff.compare.engine import Comparison
 from tdiff.compare.metrics import EXACT, Tolerance
 from tdiff.compare.pairing import NamePairing
 from tdiff.errors import TdiffError
+from tdiff.launch import GraftSpec
 from tdiff.store import Dump
 from tdiff.vocab.paths import ROOT_LABEL
 
@@ -78,8 +79,7 @@ def run_graft(runner: Runner, a: Dump, result: BisectResult, tolerance: Toleranc
     if not all(r.has_data for r in inputs):
         raise TdiffError(f"--graft needs side A's inputs as tensors, and {a.path} was captured in stats "
                          "mode; capture side A with --mode full")
-    spec = {"dump": str(a.path.resolve()), "module": module, "module_b": module_b, "step": step,
-            "call": call}
+    spec = GraftSpec(dump=str(a.path.resolve()), module=module, module_b=module_b, step=step, call=call)
     run, b = runner.capture("B", "graft", f"`{module_b or ROOT_LABEL}` on side A's recorded inputs",
                             mode="full", select=[f"^{re.escape(module_b)}$"], steps=str(step),
                             graft=spec)

@@ -7,12 +7,12 @@ is what `tdiff bisect` prints: how many runs each side took, and why each one wa
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tdiff.errors import DumpError, TdiffError
+from tdiff.launch import CaptureConfig, GraftSpec, failure, run_command
 from tdiff.store import Dump, open_dump
 
 SIDES = ("A", "B")
@@ -64,29 +64,20 @@ class Runner:
         self.log = RunLog()
 
     def capture(self, side: str, purpose: str, why: str, *, mode: str, select=(), exclude=(),
-                steps: str | None = None, graft: dict | None = None) -> tuple[Run, Dump]:
-        from tdiff.hooks.run import run_captured
-
+                steps: str | None = None, graft: GraftSpec | None = None) -> tuple[Run, Dump]:
         number = self.log.count(side) + 1
         name = f"{side.lower()}{number}-{purpose.replace(' ', '-')}"
         run = Run(side, number, purpose, why, self.work / name)
         self.log.runs.append(run)
         self.echo(f"run {run.label} ({purpose}): {why}")
-        config = {"side": f"{side}{number}", "select": list(select), "exclude": list(exclude),
-                  "steps": steps, "mode": mode, "graft": graft}
+        config = CaptureConfig(out=run.path, side=f"{side}{number}", mode=mode, select=tuple(select),
+                               exclude=tuple(exclude), steps=steps, graft=graft)
         output = self.work / f"{name}.log"
-        with open(output, "wb") as sink:
-            returncode = run_captured(["/bin/sh", "-c", self.commands[side]], run.path, config,
-                                      stdout=sink, stderr=subprocess.STDOUT)
+        returncode = run_command(["/bin/sh", "-c", self.commands[side]], capture=config, log=output)
         if returncode != 0:
-            raise TdiffError(f"run {run.label} ({purpose}) failed: the command exited with "
-                             f"{returncode}{_last_line(output)}; its output is in {output}")
+            raise TdiffError(f"run {run.label} ({purpose}) failed: {failure(returncode, output)}; "
+                             f"its output is in {output}")
         try:
             return run, open_dump(run.path)
         except DumpError as exc:
             raise TdiffError(f"run {run.label} ({purpose}) captured nothing usable: {exc}") from None
-
-
-def _last_line(path: Path) -> str:
-    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
-    return f" ({lines[-1].strip()[:200]})" if lines else ""

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import click
 
-from tdiff.cli.options import name_filter_options, quiet_option, tolerance_from, tolerance_options
+from tdiff.cli.options import (allow_incomplete_option, check_capture_selection, dumps_from, json_option,
+                               mapping_option, name_filter_options, quiet_option, steps_option, tolerance_from,
+                               tolerance_options, workdir_option)
 from tdiff.errors import TdiffError
 
 GIB = 1 << 30
@@ -33,16 +35,11 @@ GIB = 1 << 30
               help="Online: the most tensor data one full capture may store per side (GiB).")
 @click.option("--no-stats-pass", is_flag=True,
               help="Online: no stats pass; binary-search boundaries with selective captures.")
-@click.option("--steps", metavar="RANGES", help="Online: only these steps (forward passes), e.g. 0-1.")
-@click.option("--workdir", "--work", "work", type=click.Path(file_okay=False, path_type=Path),
-              help="Online and --graft: keep the runs' captures and logs in this new directory "
-                   "(default: a temporary one, removed at the end).")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-@click.option("--allow-incomplete", is_flag=True,
-              help="Bisect what an incomplete dump holds; tensors it lacks are reported missing, never named "
-                   "as the culprit.")
-@click.option("--mapping", type=click.Path(dir_okay=False), metavar="FILE",
-              help="YAML mapping of module paths to canonical boundaries, for models no adapter knows.")
+@steps_option("; online bisection only")
+@workdir_option(" (online bisection, --graft and --try; default: a temporary one, removed at the end)")
+@json_option
+@allow_incomplete_option("; tensors it lacks are reported missing, never named as the culprit")
+@mapping_option
 @quiet_option
 def bisect(dumps, run_a, run_b, exact, atol, rtol, select, exclude, graft, try_spec, budget_gb, no_stats_pass,
            steps, work, as_json, allow_incomplete, mapping, quiet):
@@ -87,15 +84,11 @@ def bisect(dumps, run_a, run_b, exact, atol, rtol, select, exclude, graft, try_s
             result, runner, final_a = bisect_repeats(dumps[0], tolerance=tolerance, allow_incomplete=allow_incomplete,
                                                      pairing=names.applied_to(None)), None, None
         else:
-            from tdiff.align import choose_pairing
             from tdiff.bisect.runs import Runner
             from tdiff.bisect.walk import bisect_dumps
-            from tdiff.store import open_dump
 
-            final_a = open_dump(dumps[0], allow_incomplete=allow_incomplete)
-            dump_b = open_dump(dumps[1], allow_incomplete=allow_incomplete)
-            result = bisect_dumps(final_a, dump_b, tolerance=tolerance,
-                                  pairing=names.applied_to(choose_pairing(final_a, dump_b, mapping)))
+            final_a, dump_b, pairing = dumps_from(dumps[0], dumps[1], allow_incomplete, mapping)
+            result = bisect_dumps(final_a, dump_b, tolerance=tolerance, pairing=names.applied_to(pairing))
             runner = Runner({"B": run_b}, work_dir, lambda line: progress.print(line, highlight=False)) \
                 if graft else None
         if graft and result.first_divergence is not None:
@@ -182,9 +175,8 @@ class _work_dir:
 
 def _online(run_a, run_b, work, tolerance, budget_gb, no_stats_pass, steps, names, progress):
     from tdiff.bisect.online import OnlineOptions, bisect_commands
-    from tdiff.vocab.parse import parse_ranges
 
-    parse_ranges(steps, "--steps")
+    check_capture_selection(steps=steps)
     options = OnlineOptions(tolerance=tolerance, stats_pass=not no_stats_pass, steps=steps, names=names,
                             budget_bytes=int(budget_gb * GIB) if budget_gb is not None else None)
     return bisect_commands(run_a, run_b, work, options, lambda line: progress.print(line, highlight=False))

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import re
-import subprocess
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,15 +23,13 @@ from tdiff.align import choose_pairing
 from tdiff.compare.engine import CompareOptions, CompareReport, compare_dumps
 from tdiff.compare.metrics import EXACT, Tolerance
 from tdiff.errors import DumpError, TdiffError
-from tdiff.hooks.run import run_captured
+from tdiff.launch import CaptureConfig, failure, run_command
 from tdiff.source_patcher.bootstrap import child_config, read_applied_log
 from tdiff.source_patcher.spec import Candidate
-from tdiff.store.manifest import describe_exit
 from tdiff.store.reader import Dump, open_dump
 
 MATCH, DIVERGED, ERROR = "match", "diverged", "error"
 CONTROL = "control"
-MAX_PENDING_BYTES = 2 << 30
 
 
 @dataclass
@@ -175,14 +172,14 @@ class _Runner:
             returncode = self._capture(self.baseline_command, baseline_out, f"{name} (A)", patches_config,
                                        self.workdir / f"{stem}.baseline.log", batch_row=None)
             if returncode != 0:
-                result.reason = "side A: " + _failure(self.workdir / f"{stem}.baseline.log", returncode)
+                result.reason = "side A: " + failure(returncode, self.workdir / f"{stem}.baseline.log")
                 return result
             baseline = open_dump(baseline_out)
         returncode = self._capture(self.command, out, name, patches_config, log,
                                    batch_row=self.selection.batch_row)
         result.applied = sorted({e["patch"] for e in read_applied_log(str(applied_log))})
         if returncode != 0:
-            result.reason = _failure(log, returncode)
+            result.reason = failure(returncode, log)
             return result
         try:
             dump = open_dump(out)
@@ -196,13 +193,11 @@ class _Runner:
 
     def _capture(self, command: list[str], out: Path, side: str, patches: dict, log: Path, *,
                  batch_row: int | None) -> int:
-        mode = self.baseline.info.get("mode", "full")
-        storage = self.baseline.info.get("storage", "safetensors")
-        config = {"side": side, "select": self.selection.select, "exclude": self.selection.exclude,
-                  "layers": self.selection.layers, "steps": self.selection.steps, "mode": mode,
-                  "storage": storage, "max_pending_bytes": MAX_PENDING_BYTES, "batch_row": batch_row}
-        with open(log, "w", encoding="utf-8") as handle:
-            return run_captured(command, out, config, patches=patches, stdout=handle, stderr=subprocess.STDOUT)
+        config = CaptureConfig(out=out, side=side, mode=self.baseline.info.get("mode", "full"),
+                               storage=self.baseline.info.get("storage", "safetensors"),
+                               select=tuple(self.selection.select), exclude=tuple(self.selection.exclude),
+                               layers=self.selection.layers, steps=self.selection.steps, batch_row=batch_row)
+        return run_command(command, capture=config, patches=patches, log=log)
 
 
 def _measure(result: TrialResult, report: CompareReport) -> None:
@@ -220,9 +215,3 @@ def _measure(result: TrialResult, report: CompareReport) -> None:
     result.first_divergence = {"name": first.name, "module": record.module, "role": record.role,
                                "step": record.step, "call": record.call, "rank": record.rank,
                                "status": first.status, "kind": first.boundary_kind, "position": result.position}
-
-
-def _failure(log: Path, returncode: int) -> str:
-    lines = [line.strip() for line in log.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
-    detail = next((line for line in reversed(lines) if line.startswith("tdiff: error:")), lines[-1] if lines else "")
-    return f"the command {describe_exit(returncode)}" + (f": {detail}" if detail else "")

@@ -12,6 +12,7 @@ from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
+from tdiff.align.pairing import Alignment, SideAlignment
 from tdiff.compare.engine import CompareReport, Comparison
 from tdiff.text import printable
 from tdiff.vocab.paths import ROOT_LABEL
@@ -105,6 +106,37 @@ def render_compare(report: CompareReport, console: Console, top: int | None = No
         for note in dump.notes:
             console.print(Text(f"note: side {label}: {printable(note)}"))
     console.print(Text(printable(summary_line(report))))
+    if isinstance(report.alignment, Alignment):
+        render_alignment(report.alignment, console)
+
+
+def render_alignment(alignment: Alignment, console: Console) -> None:
+    """How two dumps of different frameworks or layouts were aligned (after the comparison table)."""
+    a, b = alignment.a, alignment.b
+    console.print(f"aligned by canonical boundary: A {escape(a.side)} ({a.adapter}, {a.canonical} tensors), "
+                  f"B {escape(b.side)} ({b.adapter}, {b.canonical} tensors)")
+    for label, side in (("A", a), ("B", b)):
+        _render_side(label, side, console)
+    unmapped = [f"{label} {len(side.unmapped)}" for label, side in (("A", a), ("B", b)) if side.unmapped]
+    if unmapped:
+        console.print(f"  not mapped to a canonical boundary (distinct names): {', '.join(unmapped)}; "
+                      "--json lists them")
+    for warning in alignment.warnings:
+        console.print(f"[yellow]warning[/yellow]: {escape(warning)}")
+
+
+def _render_side(label: str, side: SideAlignment, console: Console) -> None:
+    for boundary, entry in side.not_exposed.items():
+        console.print(f"  not exposed by {label} ({side.adapter}), {entry['skipped']} not compared: "
+                      f"{boundary}: {escape(entry['reason'])}")
+    for name, reason in side.uncertain:
+        console.print(f"  only on {label}, not compared: {name}: {escape(reason)}")
+    for name, reason in side.unresolved:
+        console.print(f"  [yellow]cannot build on {label}[/yellow]: {name}: {escape(reason)}")
+    if side.unmatched:
+        more = len(side.unmatched) - 8
+        shown = ", ".join(side.unmatched[:8]) + (f" and {more} more" if more > 0 else "")
+        console.print(f"  [red]only on {label}[/red] (the other side could expose them): {shown}")
 
 
 def summary_line(report: CompareReport) -> str:

@@ -7,8 +7,10 @@ import torch
 
 import tdiff
 import tdiff.bisect
+import tdiff.compare
 from tdiff.bisect import BisectResult
 from tdiff.errors import TdiffError
+from tdiff.report.console import fmt_number, make_console, render_bisect
 from tests.helpers import tdiff_cli, tiny_qwen2, token_ids
 
 PLANTED = "model.layers.1.post_attention_layernorm"
@@ -65,3 +67,20 @@ def test_a_result_read_back_from_its_json_equals_it(dumps):
         text = json.dumps(result.to_json())
         assert BisectResult.from_json(json.loads(text)) == result
         assert json.dumps(BisectResult.from_json(json.loads(text)).to_json()) == text
+
+
+def test_a_result_read_back_renders_as_the_one_computed_save_the_element_counts(dumps):
+    a, b = dumps
+    result = tdiff.bisect.run(a, b)
+    lines = {}
+    for label, shown in (("computed", result), ("read back", BisectResult.from_json(result.to_json()))):
+        console = make_console()
+        with console.capture() as captured:
+            render_bisect(shown, console)
+        lines[label] = captured.get().splitlines()
+    assert lines["computed"][0] == lines["read back"][0]   # the verdict line: where, kind, layer, step, call
+    assert lines["computed"][0].startswith(f"diverged: introduced at {PLANTED} (norm, layer 1)")
+    figures = result.first_divergence.metrics
+    assert "elements differ" in lines["computed"][2]        # the comparison made here counts them
+    assert f"max abs {fmt_number(figures.max_abs)}" in lines["read back"][2]
+    assert lines["computed"][3:] == lines["read back"][3:]  # the trail and the events checked

@@ -201,6 +201,8 @@ def test_patch_results_become_a_ranked_table(demo_dumps, tmp_path):
     assert rows == [["**control** (unpatched)", "diverged", f"`{PLANTED}`", "-", "71", "29,979"],
                     ["`fp32-rmsnorm` ★ best", "match", "-", "-", "0", "0"],
                     ["`fp32-rope`", "diverged", f"`{PLANTED}`", "0", "71", "29,979"]]
+    reported = tdiff_cli("report", a, b, "--patch-results", tmp_path / "trials.json", "--format", "json", expect=1)
+    assert json.loads(reported.stdout)["patch_results"] == trials.to_json()  # the trials' JSON, as written
 
 
 def test_names_with_markdown_syntax_keep_the_table_intact(tmp_path):

@@ -35,6 +35,11 @@ class Run:
         return {"side": self.side, "number": self.number, "purpose": self.purpose, "why": self.why,
                 "outcome": self.outcome, "path": str(self.path)}
 
+    @classmethod
+    def from_json(cls, data: dict) -> Run:
+        return cls(side=data["side"], number=data["number"], purpose=data["purpose"], why=data["why"],
+                   path=Path(data["path"]), outcome=data["outcome"])
+
 
 @dataclass
 class RunLog:
@@ -52,6 +57,11 @@ class RunLog:
     def to_json(self) -> dict:
         return {"a": self.count("A"), "b": self.count("B"), "strategy": self.strategy,
                 "boundaries": self.boundaries, "log": [run.to_json() for run in self.runs]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> RunLog:
+        return cls(runs=[Run.from_json(run) for run in data["log"]], boundaries=data["boundaries"],
+                   strategy=data["strategy"])
 
 
 class Runner:

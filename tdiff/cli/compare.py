@@ -36,8 +36,6 @@ def compare(dump_a, dump_b, layer, select, exclude, exact, atol, rtol, as_json, 
 
     Exit status: 0 all tensors match, 1 a divergence, 2 bad input.
     """
-    from tdiff.align import Alignment
-    from tdiff.align.render import render_alignment
     from tdiff.compare.engine import CompareOptions, compare_dumps
     from tdiff.report.console import make_console, render_compare
     from tdiff.report.progress import progress_bar
@@ -51,8 +49,5 @@ def compare(dump_a, dump_b, layer, select, exclude, exact, atol, rtol, as_json, 
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=1))
     else:
-        console = make_console()
-        render_compare(report, console, top=top)
-        if isinstance(report.alignment, Alignment):
-            render_alignment(report.alignment, console)
+        render_compare(report, make_console(), top=top)
     sys.exit(0 if report.status == "match" else 1)

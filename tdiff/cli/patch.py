@@ -120,7 +120,7 @@ def try_(candidates, baseline, work, select, exclude, layers, steps, batch_row, 
     unpatched control, then fewer mismatched tensors, then smaller max ULP.
     Exit status: 0 some candidate matches, 1 none does, 2 bad input or the control run failed.
     """
-    from tdiff.report.console import make_console
+    from tdiff.report.console import make_console, render_trials
     from tdiff.source_patcher.catalogue import candidates_from
     from tdiff.source_patcher.trial import CaptureSelection, try_candidates
 
@@ -131,7 +131,7 @@ def try_(candidates, baseline, work, select, exclude, layers, steps, batch_row, 
     console = make_console(stderr=True, quiet=quiet)
 
     def progress(result, done, total):
-        where = result.first_divergence["name"] if result.first_divergence else ""
+        where = result.first_divergence.name if result.first_divergence else ""
         console.print(f"tdiff: [{done}/{total}] {result.name}: {result.status}"
                       + (f", first divergence {where}" if where else "")
                       + (f" ({result.reason})" if result.reason else ""), highlight=False, markup=False)
@@ -143,7 +143,7 @@ def try_(candidates, baseline, work, select, exclude, layers, steps, batch_row, 
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=1))
     else:
-        _render(report, make_console())
+        render_trials(report, make_console())
     sys.exit(0 if report.matched else 1)
 
 
@@ -168,38 +168,3 @@ def _stale_message(stale, total: int) -> str:
     return (f"{len(stale)} of {total} patch(es) no longer apply: patch {first.patch.name!r} "
             f"({first.patch.target}, {first.patch.origin}): {first.reason}{more}")
 
-
-def _render(report, console) -> None:
-    from rich.table import Table
-    from rich.text import Text
-
-    from tdiff.report.console import fmt_number
-
-    control = report.control
-    console.print(f"baseline {report.baseline}; runs and logs in {report.workdir} ({report.tolerance})",
-                  highlight=False)
-    table = Table(title_justify="left", show_lines=False)
-    for column in ("rank", "candidate", "status", "first divergence", "moved", "mismatched", "max ULP"):
-        table.add_column(column, justify="right" if column in ("rank", "moved", "mismatched", "max ULP") else "left",
-                         overflow="fold")
-    rows = [("-", control)] + [(str(i), r) for i, r in enumerate(report.candidates, 1)]
-    for rank, r in rows:
-        style = {"match": "green", "diverged": "", "error": "red"}[r.status]
-        name = "(control, unpatched)" if r is control else r.name
-        if r is not control and r.patches and not r.applied and r.status != "error":
-            name += " (never applied)"
-        first = r.first_divergence["name"] if r.first_divergence else (r.reason or "")
-        moved = "" if r is control else (f"{r.moved_by:+d}" if r.moved_by is not None else "")
-        table.add_row(rank, Text(name), Text(r.status, style=style), Text(first), moved,
-                      fmt_number(r.mismatched), fmt_number(r.max_ulp))
-    console.print(table)
-    best = report.best
-    if best is None:
-        console.print("no candidate ran to the end: see the logs", highlight=False)
-    elif best.status == "match":
-        console.print(f"best: {best.name} (matches the baseline; the unpatched control {control.status})",
-                      highlight=False)
-    else:
-        console.print(f"no candidate matches; closest: {best.name} (first divergence moved "
-                      f"{best.moved_by:+d} tensors)" if best.moved_by is not None else
-                      f"no candidate matches; closest: {best.name}", highlight=False)

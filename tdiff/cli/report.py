@@ -64,9 +64,9 @@ def report(dump_a, dump_b, fmt, out, layer, with_bisect, patch_results, gh_comme
     with progress_bar("comparing", quiet=quiet) as advance:
         compared = compare_dumps(a, b, CompareOptions(tolerance=tolerance, layer=layer),
                                  pairing=pairing, progress=advance)
-    bisected = bisect_dumps(a, b, tolerance=tolerance, pairing=pairing).to_json() if with_bisect else None
+    bisected = bisect_dumps(a, b, tolerance=tolerance, pairing=pairing) if with_bisect else None
     with progress_bar("writing the report", quiet=quiet):
-        result = build_report(compared, pairing=pairing, bisect=bisected, patch_results=patches)
+        result = build_report(compared, bisect=bisected, patch_results=patches)
         text = _render(result, fmt, gh_comment)
     if out is None:
         click.echo(text, nl=False)
@@ -92,7 +92,7 @@ def _render(result, fmt: str, gh_comment: bool) -> str:
     return render_markdown(result, gh_comment=gh_comment)
 
 
-def _read_patch_results(path: Path) -> dict:
+def _read_patch_results(path: Path):
     from tdiff.report.model import read_patch_results
     from tdiff.store.files import read_regular
 

@@ -95,6 +95,7 @@ class CompareReport:
     b: Dump
     options: CompareOptions
     comparisons: list[Comparison]
+    pairing: Pairing                  # how the tensors were paired: the report reloads the culprit through it
     alignment: AlignmentPlan | None = None   # how a cross-framework pairing aligned the dumps
     left_out: int = 0                 # pairs that --layer/--select/--exclude left out
 
@@ -160,7 +161,7 @@ def compare_dumps(a: Dump, b: Dump, options: CompareOptions | None = None, *,
             comparisons.append(comparison)
             if progress is not None:
                 progress(done, len(pairs))
-    return CompareReport(a, b, options, comparisons, getattr(pairing, "alignment", None),
+    return CompareReport(a, b, options, comparisons, pairing, getattr(pairing, "alignment", None),
                          left_out=len(paired) - len(pairs))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
@@ -11,9 +12,14 @@ from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
+from tdiff.align.pairing import Alignment, SideAlignment
 from tdiff.compare.engine import CompareReport, Comparison
 from tdiff.text import printable
 from tdiff.vocab.paths import ROOT_LABEL
+
+if TYPE_CHECKING:  # the renderers' types; the commands that render them import the packages
+    from tdiff.bisect.result import BisectResult, Divergence
+    from tdiff.source_patcher.trial import TrialReport
 
 
 class _PlainConsole(Console):
@@ -100,6 +106,37 @@ def render_compare(report: CompareReport, console: Console, top: int | None = No
         for note in dump.notes:
             console.print(Text(f"note: side {label}: {printable(note)}"))
     console.print(Text(printable(summary_line(report))))
+    if isinstance(report.alignment, Alignment):
+        render_alignment(report.alignment, console)
+
+
+def render_alignment(alignment: Alignment, console: Console) -> None:
+    """How two dumps of different frameworks or layouts were aligned (after the comparison table)."""
+    a, b = alignment.a, alignment.b
+    console.print(f"aligned by canonical boundary: A {escape(a.side)} ({a.adapter}, {a.canonical} tensors), "
+                  f"B {escape(b.side)} ({b.adapter}, {b.canonical} tensors)")
+    for label, side in (("A", a), ("B", b)):
+        _render_side(label, side, console)
+    unmapped = [f"{label} {len(side.unmapped)}" for label, side in (("A", a), ("B", b)) if side.unmapped]
+    if unmapped:
+        console.print(f"  not mapped to a canonical boundary (distinct names): {', '.join(unmapped)}; "
+                      "--json lists them")
+    for warning in alignment.warnings:
+        console.print(f"[yellow]warning[/yellow]: {escape(warning)}")
+
+
+def _render_side(label: str, side: SideAlignment, console: Console) -> None:
+    for boundary, entry in side.not_exposed.items():
+        console.print(f"  not exposed by {label} ({side.adapter}), {entry['skipped']} not compared: "
+                      f"{boundary}: {escape(entry['reason'])}")
+    for name, reason in side.uncertain:
+        console.print(f"  only on {label}, not compared: {name}: {escape(reason)}")
+    for name, reason in side.unresolved:
+        console.print(f"  [yellow]cannot build on {label}[/yellow]: {name}: {escape(reason)}")
+    if side.unmatched:
+        more = len(side.unmatched) - 8
+        shown = ", ".join(side.unmatched[:8]) + (f" and {more} more" if more > 0 else "")
+        console.print(f"  [red]only on {label}[/red] (the other side could expose them): {shown}")
 
 
 def summary_line(report: CompareReport) -> str:
@@ -136,3 +173,101 @@ def _severity(c: Comparison) -> tuple:
     if m is None:
         return (1, 0.0, 0.0)
     return (0, float(m.max_ulp_at_scale or 0), m.max_abs)
+
+
+def render_bisect(result: BisectResult, console: Console) -> None:
+    from tdiff.bisect.search import BinarySearch
+
+    def say(text: str) -> None:
+        # long module paths stay on one line, and a name holding a line break cannot add one
+        console.print(printable(text), soft_wrap=True)
+
+    for note in result.notes:
+        say(f"[yellow]note[/yellow]: {escape(note)}")
+    if result.repeats is not None:
+        repeats = result.repeats
+        say(f"repeats: {len(repeats.runs)} runs against {repeats.reference}; "
+            f"not bitwise repeatable: {escape(', '.join(repeats.differing)) or 'none'}")
+    d = result.first_divergence
+    if d is None and result.status == "diverged":
+        say(f"[bold red]diverged[/bold red]: tensors are missing on one side (see the note); the "
+            f"{result.checked:,} events compared on both sides are equal ({result.tolerance}), so no op is named")
+    elif d is None:
+        say(f"[green]match[/green]: all {result.checked:,} events compared are equal "
+            f"({result.tolerance})")
+    else:
+        where = d.module if d.module else (ROOT_LABEL if d.module is not None else "outside any module")
+        layer = f", layer {d.layer}" if d.layer is not None else ""
+        verb = "introduced" if d.introduced else "first seen"
+        say(f"[bold red]diverged[/bold red]: {verb} at [bold]{escape(where)}[/bold] "
+            f"({d.kind}{layer}), step {d.step} call {d.call}, event {d.event}")
+        say(f"  {escape(d.description)}")
+        # the full verdict where this process compared the tensor; read back from JSON, its figures
+        figures = describe(d.first, result.tolerance) if d.first is not None else _describe_metrics(d)
+        say(f"  first differing tensor {escape(d.name)}: {escape(figures)}")
+        if result.trail:
+            chain = " > ".join(f"{escape(t.module or ROOT_LABEL)} (ULP at scale "
+                               f"{fmt_number(t.metrics.max_ulp_at_scale)})" for t in result.trail)
+            say(f"  enclosing modules that diverged too: {chain}")
+        say(f"  {result.checked:,} events compared ({result.tolerance})")
+    if result.graft is not None:
+        say(f"graft: {escape(result.graft.description)}")
+    if result.trials is not None and d is not None:
+        trials = result.trials
+        best = trials.best
+        verdict = (f"[green]{escape(best.name)} closes the gap[/green]" if trials.matched and best
+                   else f"none closes the gap; closest: {escape(best.name) if best else '-'}")
+        say(f"try: {len(trials.candidates)} candidate fix(es) for kind {d.kind}: {verdict}")
+        for trial in [trials.control, *trials.candidates]:
+            where = trial.first_divergence.name if trial.first_divergence else ""
+            say(f"  {escape(trial.name)}: {trial.status}" + (f", first divergence {escape(where)}" if where else "")
+                + (f" ({escape(trial.reason)})" if trial.reason else ""))
+    if result.runs is not None:
+        log = result.runs
+        say(log.summary())
+        if log.boundaries is not None:
+            bound = BinarySearch.max_probes(log.boundaries) + 2
+            say(f"  binary search over {log.boundaries} boundaries: at most {bound} runs per side "
+                f"(ceil(log2({log.boundaries} + 1)) probes, one discovery, one final capture)")
+        for run in log.runs:
+            outcome = f" -> {run.outcome}" if run.outcome else ""
+            say(f"  {run.label} {run.purpose}: {escape(run.why)}{escape(outcome)}")
+
+
+def _describe_metrics(d: Divergence) -> str:
+    m = d.metrics
+    text = (f"max abs {fmt_number(m.max_abs)}, ULP at scale {fmt_number(m.max_ulp_at_scale)} "
+            f"(raw max ULP {fmt_number(m.max_ulp)}), cosine {fmt_number(m.cosine, 9)}")
+    return f"{d.reason}; {text}" if d.reason else text
+
+
+def render_trials(report: TrialReport, console: Console) -> None:
+    """`tdiff patch try`: the control and the ranked candidates, then the verdict."""
+    control = report.control
+    console.print(f"baseline {report.baseline}; runs and logs in {report.workdir} ({report.tolerance})",
+                  highlight=False)
+    table = Table(title_justify="left", show_lines=False)
+    for column in ("rank", "candidate", "status", "first divergence", "moved", "mismatched", "max ULP"):
+        table.add_column(column, justify="right" if column in ("rank", "moved", "mismatched", "max ULP") else "left",
+                         overflow="fold")
+    rows = [("-", control)] + [(str(i), r) for i, r in enumerate(report.candidates, 1)]
+    for rank, r in rows:
+        style = {"match": "green", "diverged": "", "error": "red"}[r.status]
+        name = "(control, unpatched)" if r is control else r.name
+        if r is not control and r.patches and not r.applied and r.status != "error":
+            name += " (never applied)"
+        first = r.first_divergence.name if r.first_divergence else (r.reason or "")
+        moved = "" if r is control else (f"{r.moved_by:+d}" if r.moved_by is not None else "")
+        table.add_row(rank, Text(name), Text(r.status, style=style), Text(first), moved,
+                      fmt_number(r.mismatched), fmt_number(r.max_ulp))
+    console.print(table)
+    best = report.best
+    if best is None:
+        console.print("no candidate ran to the end: see the logs", highlight=False)
+    elif best.status == "match":
+        console.print(f"best: {best.name} (matches the baseline; the unpatched control {control.status})",
+                      highlight=False)
+    else:
+        console.print(f"no candidate matches; closest: {best.name} (first divergence moved "
+                      f"{best.moved_by:+d} tensors)" if best.moved_by is not None else
+                      f"no candidate matches; closest: {best.name}", highlight=False)

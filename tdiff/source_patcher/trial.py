@@ -33,6 +33,32 @@ CONTROL = "control"
 
 
 @dataclass
+class TrialDivergence:
+    """A run's first tensor that differs from the baseline."""
+
+    name: str
+    module: str
+    role: str
+    step: int
+    call: int
+    rank: int
+    status: str
+    kind: str
+    position: int                        # index in execution order
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "module": self.module, "role": self.role, "step": self.step,
+                "call": self.call, "rank": self.rank, "status": self.status, "kind": self.kind,
+                "position": self.position}
+
+    @classmethod
+    def from_json(cls, data: dict) -> TrialDivergence:
+        return cls(name=data["name"], module=data["module"], role=data["role"], step=data["step"],
+                   call=data["call"], rank=data["rank"], status=data["status"], kind=data["kind"],
+                   position=data["position"])
+
+
+@dataclass
 class TrialResult:
     """One run of command B: the control or one candidate."""
 
@@ -42,7 +68,7 @@ class TrialResult:
     dump: str
     log: str
     applied: list[str] = field(default_factory=list)   # patches that took effect in some process
-    first_divergence: dict | None = None
+    first_divergence: TrialDivergence | None = None
     position: int | None = None          # index of the first divergence in execution order
     moved_by: int | None = None          # position minus the control's (later is positive)
     mismatched: int | None = None        # tensors that differ from the baseline
@@ -50,10 +76,20 @@ class TrialResult:
     reason: str | None = None            # why the run failed
 
     def to_json(self) -> dict:
-        return {"name": self.name, "status": self.status, "first_divergence": self.first_divergence,
+        first = self.first_divergence
+        return {"name": self.name, "status": self.status, "first_divergence": first.to_json() if first else None,
                 "moved_by": self.moved_by, "mismatched": self.mismatched, "max_ulp": self.max_ulp,
                 "position": self.position, "patches": self.patches, "applied": self.applied,
                 "dump": self.dump, "log": self.log, "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, data: dict) -> TrialResult:
+        first = data["first_divergence"]
+        return cls(name=data["name"], patches=data["patches"], status=data["status"], dump=data["dump"],
+                   log=data["log"], applied=data["applied"],
+                   first_divergence=TrialDivergence.from_json(first) if first is not None else None,
+                   position=data["position"], moved_by=data["moved_by"], mismatched=data["mismatched"],
+                   max_ulp=data["max_ulp"], reason=data["reason"])
 
 
 @dataclass
@@ -79,6 +115,13 @@ class TrialReport:
                 "tolerance": self.tolerance, "control": self.control.to_json(),
                 "candidates": [c.to_json() for c in self.candidates],
                 "best": best.name if best else None}
+
+    @classmethod
+    def from_json(cls, data: dict) -> TrialReport:
+        """The report of its JSON (``best`` follows from the ranked candidates)."""
+        return cls(baseline=data["baseline"], command=data["command"], workdir=data["workdir"],
+                   tolerance=data["tolerance"], control=TrialResult.from_json(data["control"]),
+                   candidates=[TrialResult.from_json(c) for c in data["candidates"]])
 
 
 @dataclass
@@ -212,6 +255,7 @@ def _measure(result: TrialResult, report: CompareReport) -> None:
     result.status = DIVERGED
     result.position = report.comparisons.index(first)
     record = first.record
-    result.first_divergence = {"name": first.name, "module": record.module, "role": record.role,
-                               "step": record.step, "call": record.call, "rank": record.rank,
-                               "status": first.status, "kind": first.boundary_kind, "position": result.position}
+    result.first_divergence = TrialDivergence(name=first.name, module=record.module, role=record.role,
+                                              step=record.step, call=record.call, rank=record.rank,
+                                              status=first.status, kind=first.boundary_kind,
+                                              position=result.position)

@@ -162,3 +162,10 @@ def hugging_face_tokens(module, args: tuple, kwargs: dict) -> dict | None:
 
 
 register_token_source("transformers", hugging_face_tokens)
+
+
+# ---- SGLang and megatron-core (tdiff/hooks/token_sources.py) ----
+from tdiff.hooks.token_sources import megatron_tokens, sglang_tokens  # noqa: E402 - sources after the registry
+
+register_token_source("sglang", sglang_tokens)
+register_token_source("megatron", megatron_tokens)

@@ -1,0 +1,112 @@
+"""Rollout against training on real stacks (examples/rollout): SGLang's engine generating with its
+KV cache (EXTEND, then DECODE steps) against megatron-core scoring the finished sequences, padded
+and packed THD, every run captured by `tdiff capture` in a subprocess as a user would."""
+
+import json
+
+from itertools import chain
+
+import pytest
+
+from tdiff.store import open_dump
+from tdiff.store.tokens import PADDING, RowTokens
+from tests.helpers import REPO, tdiff_process
+
+pytestmark = pytest.mark.slow
+
+ENGINE = REPO / "examples" / "rollout" / "engine.py"
+TRAINER = REPO / "examples" / "rollout" / "trainer.py"
+PLANTED_ATTENTION = "model.layers.1.self_attn.attn"
+STEPS = 3
+# fp32 round-off between a cached decode and a full forward (cpu-stacks.md measures 1e-6)
+TOLERANCE = 1e-5
+
+
+def captured(root, name, script, *args):
+    result = tdiff_process("capture", "--out", root / name, "--", "python", script, *map(str, args),
+                           env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return root / name
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rollout")
+    rollout = root / "rollout.json"
+    out = {"engine": captured(root, "engine", ENGINE, "--rollout", rollout, "--steps", STEPS),
+           "planted": captured(root, "planted", ENGINE, "--rollout", root / "planted.json", "--steps", STEPS,
+                               "--planted"),
+           "padded": captured(root, "padded", TRAINER, "--rollout", rollout),
+           "thd": captured(root, "thd", TRAINER, "--rollout", rollout, "--layout", "thd"),
+           "thd-padded": captured(root, "thd-padded", TRAINER, "--rollout", rollout, "--layout", "thd",
+                                  "--pad-to", 4)}
+    return out, json.loads(rollout.read_text())
+
+
+def test_each_engine_forward_records_its_tokens_from_the_forward_batch(runs):
+    dumps, rollout = runs
+    sequences, prompt_lens, rids = rollout["sequences"], rollout["prompt_lens"], rollout["rids"]
+    batches = open_dump(dumps["engine"]).token_batches()
+    assert sorted(batches) == [(step, 0) for step in range(STEPS + 1)]
+    prefill = batches[(0, 0)]   # EXTEND: the prompts, ragged
+    assert prefill.source == "sglang" and prefill.seq_ids == rids
+    assert prefill.input_ids == list(chain(*(s[:n] for s, n in zip(sequences, prompt_lens))))
+    assert prefill.positions == list(chain(*(range(n) for n in prompt_lens)))
+    assert prefill.seqs == list(chain(*([i] * n for i, n in enumerate(prompt_lens))))
+    for step in range(1, STEPS + 1):   # DECODE: one token per request, the one sampled before
+        decode = batches[(step, 0)]
+        positions = [n + step - 1 for n in prompt_lens]
+        assert decode.shape == (len(rids),) and decode.seq_ids == rids and decode.seqs == [0, 1]
+        assert decode.positions == positions
+        assert decode.input_ids == [s[p] for s, p in zip(sequences, positions)]
+
+
+@pytest.mark.parametrize("layout", ["padded", "thd", "thd-padded"])
+def test_the_trainer_forward_records_its_tokens_padding_dropped(runs, layout):
+    dumps, rollout = runs
+    sequences = rollout["sequences"]
+    [(key, batch)] = open_dump(dumps[layout]).token_batches().items()
+    assert key == (0, 0) and batch.source == "megatron" and batch.sequences == len(sequences)
+    real = [(batch.seqs[i], batch.positions[i], batch.input_ids[i]) for i in range(batch.cells)
+            if batch.seqs[i] != PADDING]
+    assert real == [(i, p, t) for i, s in enumerate(sequences) for p, t in enumerate(s)]
+    padding = batch.cells - sum(map(len, sequences))
+    assert padding == (0 if layout == "thd" else batch.seqs.count(PADDING)) and (layout == "thd" or padding > 0)
+
+
+def logprobs_by_token(dump_path) -> dict[tuple[int, int], float]:
+    """(sequence, position) -> the log-prob recorded for the token there, over every step."""
+    dump = open_dump(dump_path)
+    out = {}
+    for record in dump.records:
+        if record.name == "logprobs":
+            rows = RowTokens.of(record.attrs)
+            for seq, position, value in zip(rows.seqs, rows.positions, dump.load(record).tolist()):
+                out[(seq, position)] = value
+    return out
+
+
+@pytest.mark.parametrize("layout", ["padded", "thd", "thd-padded"])
+def test_the_rollout_log_probs_are_the_trainer_log_probs_within_fp32_round_off(runs, layout):
+    dumps, rollout = runs
+    engine, trainer = logprobs_by_token(dumps["engine"]), logprobs_by_token(dumps[layout])
+    responses = {(i, p) for i, (s, n) in enumerate(zip(rollout["sequences"], rollout["prompt_lens"]))
+                 for p in range(n, len(s))}
+    assert set(engine) == set(trainer) == responses
+    assert max(abs(engine[t] - trainer[t]) for t in responses) <= TOLERANCE
+
+
+def test_the_planted_fault_is_on_the_decode_path_alone(runs):
+    """Engine against engine (one framework, paired by name): the prefill is bitwise the clean
+    one, and bisect names the decode attention of layer 1 at the first decode step."""
+    from tdiff.bisect import bisect_dumps
+
+    dumps, _ = runs
+    clean, planted = open_dump(dumps["engine"]), open_dump(dumps["planted"])
+    prefill = {r.pair_key: r.fingerprint for r in clean.records if r.step == 0}
+    planted_prefill = {r.pair_key: r.fingerprint for r in planted.records if r.step == 0}
+    assert planted_prefill == prefill
+    result = bisect_dumps(clean, planted)
+    found = result.first_divergence
+    assert (found.module, found.kind, found.step) == (PLANTED_ATTENTION, "attention", 1)
+    assert found.introduced

@@ -285,6 +285,11 @@ class Capture:
         if batch is not None:
             self._write_tokens(batch)
 
+    def tokens_of_replay(self) -> None:
+        """At a CUDA graph replay, a forward that makes no module call: the tokens given for it."""
+        if self._pending_tokens is not None:
+            self._write_tokens(self._pending_tokens)
+
     def _write_tokens(self, batch: TokenBatch) -> None:
         self._pending_tokens = None
         if self.batch_row is not None:

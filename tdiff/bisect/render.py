@@ -39,6 +39,11 @@ def render_bisect(result: BisectResult, console: Console) -> None:
             f"({d.kind}{layer}), step {record.step} call {record.call}, event {d.event}")
         say(f"  {escape(d.description)}")
         say(f"  first differing tensor {escape(d.name)}: {escape(describe(d.comparison, result.tolerance))}")
+        tokens = d.comparison.tokens
+        if tokens is not None and tokens.first_differing is not None:
+            t = tokens.first_differing
+            say(f"  first differing token: position {t.position} of sequence {t.seq_a} (A, step {t.step_a}) / "
+                f"{t.seq_b} (B, step {t.step_b}); {tokens.equal:,}/{tokens.compared:,} tokens equal")
         if result.trail:
             chain = " > ".join(f"{escape(t.module or ROOT_LABEL)} (ULP at scale "
                                f"{fmt_number(t.comparison.metrics.max_ulp_at_scale) if t.comparison.metrics else '-'})"

@@ -7,7 +7,8 @@
                           "introduced": true,
                           "metrics": {"max_abs": 0.0156, "max_ulp": 1, "max_ulp_at_scale": 0.5,
                                       "mismatch_fraction": 0.39, "cosine": 0.99999},
-                          "description": "...", "call": 0, "rank": 0, "reason": null},
+                          "description": "...", "call": 0, "rank": 0, "reason": null,
+                          "token": null},
      "checked": 75,
      "trail": [{"name": "model.layers.1", "module": "model.layers.1", ...}, ...]}
 
@@ -84,7 +85,15 @@ class Divergence:
                 "layer": self.layer, "kind": self.kind, "step": record.step, "event": self.event,
                 "introduced": self.introduced, "metrics": metrics_json(self.comparison),
                 "description": self.description, "call": record.call, "rank": record.rank,
-                "reason": self.comparison.reason}
+                "reason": self.comparison.reason, "token": self.token}
+
+    @property
+    def token(self) -> dict | None:
+        """The first differing token {seq_a, seq_b, position, step_a, step_b}; None when the pair
+        is not aligned by token."""
+        tokens = self.comparison.tokens
+        first = tokens.first_differing if tokens is not None else None
+        return first.to_json() if first is not None else None
 
 
 @dataclass

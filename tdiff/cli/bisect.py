@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from tdiff.cli.options import name_filter_options, quiet_option, tolerance_from, tolerance_options
+from tdiff.cli.options import align_option, name_filter_options, quiet_option, tolerance_from, tolerance_options
 from tdiff.errors import TdiffError
 
 GIB = 1 << 30
@@ -43,9 +43,10 @@ GIB = 1 << 30
                    "as the culprit.")
 @click.option("--mapping", type=click.Path(dir_okay=False), metavar="FILE",
               help="YAML mapping of module paths to canonical boundaries, for models no adapter knows.")
+@align_option
 @quiet_option
 def bisect(dumps, run_a, run_b, exact, atol, rtol, select, exclude, graft, try_spec, budget_gb, no_stats_pass,
-           steps, work, as_json, allow_incomplete, mapping, quiet):
+           steps, work, as_json, allow_incomplete, mapping, align, quiet):
     """Name the first op boundary where two runs part, and what kind of op it is.
 
     \b
@@ -61,7 +62,8 @@ def bisect(dumps, run_a, run_b, exact, atol, rtol, select, exclude, graft, try_s
     the narrowed region. docs/BISECT.md has the rules.
 
     Dumps of different frameworks or parallel layouts are paired by canonical op boundary, as
-    `tdiff compare` pairs them (--mapping for models no adapter knows). --select and --exclude
+    `tdiff compare` pairs them (--mapping for models no adapter knows), and runs of different token
+    layouts token by token: the first divergence then names its token. --select and --exclude
     keep only the tensors whose name (canonical name, when aligned) they leave, as in compare.
 
     Exit status: 0 match, 1 diverged, 2 bad input.
@@ -95,7 +97,7 @@ def bisect(dumps, run_a, run_b, exact, atol, rtol, select, exclude, graft, try_s
             final_a = open_dump(dumps[0], allow_incomplete=allow_incomplete)
             dump_b = open_dump(dumps[1], allow_incomplete=allow_incomplete)
             result = bisect_dumps(final_a, dump_b, tolerance=tolerance,
-                                  pairing=names.applied_to(choose_pairing(final_a, dump_b, mapping)))
+                                  pairing=names.applied_to(choose_pairing(final_a, dump_b, mapping, align)))
             runner = Runner({"B": run_b}, work_dir, lambda line: progress.print(line, highlight=False)) \
                 if graft else None
         if graft and result.first_divergence is not None:

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from tdiff.cli.options import name_filter_options, quiet_option, tolerance_from, tolerance_options
+from tdiff.cli.options import align_option, name_filter_options, quiet_option, tolerance_from, tolerance_options
 
 
 @click.command()
@@ -22,8 +22,10 @@ from tdiff.cli.options import name_filter_options, quiet_option, tolerance_from,
 @click.option("--allow-incomplete", is_flag=True, help="Compare what an incomplete dump holds.")
 @click.option("--mapping", type=click.Path(dir_okay=False), metavar="FILE",
               help="YAML mapping of module paths to canonical boundaries, for models no adapter knows.")
+@align_option
 @quiet_option
-def compare(dump_a, dump_b, layer, select, exclude, exact, atol, rtol, as_json, top, allow_incomplete, mapping, quiet):
+def compare(dump_a, dump_b, layer, select, exclude, exact, atol, rtol, as_json, top, allow_incomplete, mapping, align,
+            quiet):
     """Compare dumps A and B tensor by tensor.
 
     Dumps of one framework with one parallel layout pair tensors by name, step, call index, role
@@ -31,13 +33,19 @@ def compare(dump_a, dump_b, layer, select, exclude, exact, atol, rtol, as_json, 
     canonical op boundary (docs/BOUNDARIES.md): adapters picked from the model's classes
     reassemble shards and move tokens first; boundaries a framework does not expose are listed.
 
+    When both dumps carry token metadata and their steps or token layouts differ (an engine's
+    prefill and decode steps against a trainer's one forward; ragged, padded or packed), tensors
+    pair token by token (docs/ALIGNMENT.md): sequences match by their token ids, each row by
+    (sequence, position); rows show tokens equal of tokens compared. A position one side lacks
+    (the last sampled token) is listed, not a divergence. --align forces a pairing.
+
     The verdict is bitwise unless --atol/--rtol relax it. A tensor on one side only counts as a
     divergence.
 
     Exit status: 0 all tensors match, 1 a divergence, 2 bad input.
     """
-    from tdiff.align import Alignment, choose_pairing
-    from tdiff.align.render import render_alignment
+    from tdiff.align import Alignment, TokenAlignment, choose_pairing
+    from tdiff.align.render import render_alignment, render_token_alignment
     from tdiff.compare.engine import CompareOptions, compare_dumps
     from tdiff.report.console import make_console, render_compare
     from tdiff.report.progress import progress_bar
@@ -46,7 +54,7 @@ def compare(dump_a, dump_b, layer, select, exclude, exact, atol, rtol, as_json, 
     tolerance = tolerance_from(exact, atol, rtol)
     a = open_dump(dump_a, allow_incomplete=allow_incomplete)
     b = open_dump(dump_b, allow_incomplete=allow_incomplete)
-    pairing = choose_pairing(a, b, mapping)
+    pairing = choose_pairing(a, b, mapping, align)
     with progress_bar("comparing", quiet=quiet) as advance:
         report = compare_dumps(a, b, CompareOptions(tolerance=tolerance, layer=layer, select=list(select),
                                                   exclude=list(exclude)),
@@ -56,6 +64,8 @@ def compare(dump_a, dump_b, layer, select, exclude, exact, atol, rtol, as_json, 
     else:
         console = make_console()
         render_compare(report, console, top=top)
-        if isinstance(report.alignment, Alignment):
+        if isinstance(report.alignment, TokenAlignment):
+            render_token_alignment(report.alignment, console)
+        elif isinstance(report.alignment, Alignment):
             render_alignment(report.alignment, console)
     sys.exit(0 if report.status == "match" else 1)

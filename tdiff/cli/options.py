@@ -44,3 +44,11 @@ def tolerance_from(exact: bool, atol: float | None, rtol: float | None):
 def quiet_option(command):
     return click.option("--quiet", "-q", is_flag=True,
                         help="No progress bars or informational messages (for CI); warnings still print.")(command)
+
+
+def align_option(command):
+    """--align on the commands that pair two dumps (compare, bisect)."""
+    return click.option("--align", type=click.Choice(["tokens", "names", "boundaries"]), help=(
+        "Force how tensors pair (default: chosen from the dumps): by module name, step and call; by "
+        "canonical op boundary (across frameworks and parallel layouts); or by token, over either "
+        "(prefill and decode steps against one forward; docs/ALIGNMENT.md)."))(command)

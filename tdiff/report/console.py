@@ -79,7 +79,11 @@ def render_compare(report: CompareReport, console: Console, top: int | None = No
     table.add_column("#", justify="right", no_wrap=True)
     table.add_column("tensor", overflow="fold", min_width=24, ratio=1)
     count_column = "mismatch" if tolerance.exact else "outside tol."
-    for column in ("role", "step:call", "status", count_column, "max abs", "ULP at scale", "cosine"):
+    by_token = any(c.tokens is not None for c in comparisons)
+    columns = ["role", "step:call", "status", count_column, "max abs", "ULP at scale", "cosine"]
+    if by_token:
+        columns.insert(3, "tokens equal")
+    for column in columns:
         table.add_column(column, justify="left" if column in ("role", "status") else "right", no_wrap=True)
     for index in shown:
         c = comparisons[index]
@@ -87,10 +91,13 @@ def render_compare(report: CompareReport, console: Console, top: int | None = No
         m = c.metrics if c.diverged else None
         style = "bold red" if c is first else ("red" if c.diverged else "")
         status = Text(c.status + (" <- first" if c is first else ""), style=style or "green")
-        table.add_row(str(index), Text(printable(c.name)), r.role, f"{r.step}:{r.call}", status,
-                      f"{100 * (m.mismatch_fraction if tolerance.exact else m.outside_fraction):.3g}%" if m else "",
-                      fmt_number(m.max_abs) if m else "", fmt_number(m.max_ulp_at_scale) if m else "",
-                      f"{m.cosine:.6f}" if m else "", style=style)
+        cells: list[str | Text] = [str(index), Text(printable(c.name)), r.role, f"{r.step}:{r.call}", status,
+                 f"{100 * (m.mismatch_fraction if tolerance.exact else m.outside_fraction):.3g}%" if m else "",
+                 fmt_number(m.max_abs) if m else "", fmt_number(m.max_ulp_at_scale) if m else "",
+                 f"{m.cosine:.6f}" if m else ""]
+        if by_token:
+            cells.insert(4, f"{c.tokens.equal:,}/{c.tokens.compared:,}" if c.tokens is not None else "")
+        table.add_row(*cells, style=style)
     console.print(table)
     if len(shown) < len(comparisons):
         console.print(f"({len(comparisons) - len(shown)} more rows; --top 0 shows all)")
@@ -111,12 +118,25 @@ def summary_line(report: CompareReport) -> str:
     if first is None:
         # a filter may have left out where the runs part: say so next to the match
         left_out = f"; {report.left_out} tensor(s) left out by --layer/--select/--exclude" if report.left_out else ""
-        return f"match: all {counts['compared']} tensors equal ({report.options.tolerance.describe()}){left_out}"
+        return (f"match: all {counts['compared']} tensors equal ({report.options.tolerance.describe()})"
+                f"{_token_totals(report)}{left_out}")
     diverged = counts["compared"] - counts["match"]
     where = f" (module {first.record.module or ROOT_LABEL}, {first.record.role})" if first.record.role != "explicit" else ""
-    return (f"diverged: {diverged} of {counts['compared']} tensors differ; first: {first.name}{where} "
-            f"step {first.record.step} call {first.record.call}: "
+    token = first.tokens.first_differing if first.tokens is not None else None
+    at_token = (f" (first at position {token.position} of sequence {token.seq_a}, B's step {token.step_b})"
+                if token is not None else "")
+    return (f"diverged: {diverged} of {counts['compared']} tensors differ{_token_totals(report)}; first: "
+            f"{first.name}{where} step {first.record.step} call {first.record.call}{at_token}: "
             f"{describe(first, report.options.tolerance.describe())}")
+
+
+def _token_totals(report: CompareReport) -> str:
+    """Tokens compared and equal over the token-aligned tensors (empty when none is)."""
+    verdicts = [c.tokens for c in report.comparisons if c.tokens is not None]
+    if not verdicts:
+        return ""
+    return (f"; {sum(v.equal for v in verdicts):,}/{sum(v.compared for v in verdicts):,} tensor-tokens equal "
+            f"over {len(verdicts)} token-aligned tensors")
 
 
 def _rows_to_show(comparisons: list[Comparison], first: Comparison | None, top: int | None) -> list[int]:

@@ -12,8 +12,8 @@ Each forward records the log-prob of the token it samples with ``tdiff.dump("log
 positions=...)``; tdiff reads each forward's tokens from its ForwardBatch by itself. The finished
 sequences (prompt + response) go to --rollout, for the trainer (examples/rollout/trainer.py).
 
---planted: layer 1's decode attention rounds its queries to bf16 (as a decode kernel with bf16
-matrix units would); prefill attention stays exact. A fault on the decode path alone.
+--planted: layer 1's decode attention writes its output in bf16 (as a decode kernel with a bf16
+output buffer would); prefill attention stays fp32. A fault on the decode path alone.
 """
 
 from __future__ import annotations
@@ -46,9 +46,8 @@ def attention_backend(runner, planted: bool):
 
     class DecodeInBf16(TorchNativeAttnBackend):
         def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):
-            if layer.layer_id == PLANTED_LAYER:
-                q = q.bfloat16().float()
-            return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
+            out = super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
+            return out.bfloat16().float() if layer.layer_id == PLANTED_LAYER else out
 
     return (DecodeInBf16 if planted else TorchNativeAttnBackend)(runner)
 
@@ -126,7 +125,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollout", type=Path, required=True, help="where to write the finished sequences (JSON)")
     parser.add_argument("--steps", type=int, default=4, help="decode steps after the prefill")
-    parser.add_argument("--planted", action="store_true", help="layer 1's decode attention rounds q to bf16")
+    parser.add_argument("--planted", action="store_true", help="layer 1's decode attention writes bf16")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     init_sglang()

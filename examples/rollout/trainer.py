@@ -73,7 +73,9 @@ def score(model, sequences: list[list[int]], layout: str, pad_to: int = 1) -> li
                                      cu_seqlens_kv_padded=starts if pad_to > 1 else None,
                                      max_seqlen_q=max(padded), max_seqlen_kv=max(padded))
             ids = torch.tensor(list(itertools.chain(*(s + [0] * (p - len(s)) for s, p in zip(sequences, padded)))))
-            logits = model(input_ids=ids[None], position_ids=None, attention_mask=None,
+            # RoPE restarts at each cu_seqlens_q_padded bound by itself; position_ids as a trainer's batch has them
+            positions = torch.cat([torch.arange(p) for p in padded])[None]
+            logits = model(input_ids=ids[None], position_ids=positions, attention_mask=None,
                            packed_seq_params=packed)[0]
             rows = [logits[a:a + n] for a, n in zip(starts.tolist(), lens)]
         else:

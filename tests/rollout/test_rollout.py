@@ -8,8 +8,10 @@ from itertools import chain
 
 import pytest
 
+from tdiff.bisect import bisect_dumps
 from tdiff.store import open_dump
 from tdiff.store.tokens import PADDING, RowTokens
+from tdiff.testing import assert_match
 from tests.helpers import REPO, tdiff_process
 
 pytestmark = pytest.mark.slow
@@ -33,13 +35,14 @@ def captured(root, name, script, *args):
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("rollout")
     rollout = root / "rollout.json"
+    planted = root / "planted.json"   # the trainer scores what the faulty engine generated
     out = {"engine": captured(root, "engine", ENGINE, "--rollout", rollout, "--steps", STEPS),
-           "planted": captured(root, "planted", ENGINE, "--rollout", root / "planted.json", "--steps", STEPS,
-                               "--planted"),
+           "planted": captured(root, "planted", ENGINE, "--rollout", planted, "--steps", STEPS, "--planted"),
            "padded": captured(root, "padded", TRAINER, "--rollout", rollout),
            "thd": captured(root, "thd", TRAINER, "--rollout", rollout, "--layout", "thd"),
            "thd-padded": captured(root, "thd-padded", TRAINER, "--rollout", rollout, "--layout", "thd",
-                                  "--pad-to", 4)}
+                                  "--pad-to", 4),
+           "planted-trainer": captured(root, "planted-trainer", TRAINER, "--rollout", planted, "--layout", "thd")}
     return out, json.loads(rollout.read_text())
 
 
@@ -99,8 +102,6 @@ def test_the_rollout_log_probs_are_the_trainer_log_probs_within_fp32_round_off(r
 def test_the_planted_fault_is_on_the_decode_path_alone(runs):
     """Engine against engine (one framework, paired by name): the prefill is bitwise the clean
     one, and bisect names the decode attention of layer 1 at the first decode step."""
-    from tdiff.bisect import bisect_dumps
-
     dumps, _ = runs
     clean, planted = open_dump(dumps["engine"]), open_dump(dumps["planted"])
     prefill = {r.pair_key: r.fingerprint for r in clean.records if r.step == 0}
@@ -110,3 +111,39 @@ def test_the_planted_fault_is_on_the_decode_path_alone(runs):
     found = result.first_divergence
     assert (found.module, found.kind, found.step) == (PLANTED_ATTENTION, "attention", 1)
     assert found.introduced
+
+
+@pytest.mark.parametrize("layout", ["padded", "thd", "thd-padded"])
+def test_clean_rollout_and_training_match_under_a_tolerance_once_aligned_by_token(runs, layout):
+    dumps, _ = runs
+    assert_match(dumps["engine"], dumps[layout], atol=TOLERANCE)
+    assert_match(dumps[layout], dumps["engine"], atol=TOLERANCE)
+
+
+def test_a_decode_only_fault_is_named_with_its_module_kind_and_token(runs):
+    dumps, _ = runs
+    rollout = json.loads((dumps["planted"].parent / "planted.json").read_text())
+    result = bisect_dumps(dumps["planted"], dumps["planted-trainer"],
+                          pairing=choose_pairing_for(dumps["planted"], dumps["planted-trainer"]),
+                          tolerance=tolerance(TOLERANCE))
+    found = result.first_divergence
+    assert (found.module, found.kind, found.layer) == (PLANTED_ATTENTION, "attention", 1)
+    assert found.module_b == "decoder.layers.1.self_attention.core_attention" and found.introduced
+    token = found.to_json()["token"]
+    # a decode step's token: past its prompt, fed at step >= 1 by the engine, at step 0 by the trainer
+    assert token["step_a"] >= 1 and token["step_b"] == 0
+    assert token["position"] >= rollout["prompt_lens"][token["seq_a"]]
+    with pytest.raises(AssertionError, match=f"introduced at {PLANTED_ATTENTION} \\(attention, layer 1\\)"):
+        assert_match(dumps["planted"], dumps["planted-trainer"], atol=TOLERANCE)
+
+
+def choose_pairing_for(a, b):
+    from tdiff.align import choose_pairing
+
+    return choose_pairing(open_dump(a), open_dump(b))
+
+
+def tolerance(atol):
+    from tdiff.compare.metrics import Tolerance
+
+    return Tolerance(atol=atol, rtol=0.0)

@@ -108,7 +108,7 @@ class TokenPairing:
         indexes = (index_sequences(batches[0]), index_sequences(batches[1]))
         matcher = _Matcher(indexes)
         pairs = []
-        for group in _groups(base_pairs):
+        for group in _groups(base_pairs, by_boundary=alignment.boundaries is not None):
             units_a, units_b = group.units
             if not units_a or not units_b:
                 pairs.append(Pair(group.name, _joined(units_a), _joined(units_b), kind=group.kind, note=group.note))
@@ -126,19 +126,22 @@ class TokenPairing:
         return pairs
 
 
-def _groups(base_pairs: list[Pair]) -> list[_Group]:
+def _groups(base_pairs: list[Pair], *, by_boundary: bool) -> list[_Group]:
     """The base pairs' sides regrouped by (name, role, rank, call within the step), across steps."""
     groups: dict[tuple, _Group] = {}
     calls: tuple[Counter, Counter] = (Counter(), Counter())
     for pair in base_pairs:
+        # a canonical boundary is one tensor whatever role each side recorded it in (SGLang's
+        # rope output is Megatron's core-attention input); a module path names an input and an output
+        role = None if by_boundary else pair.record.role
         for which, side in enumerate((pair.a, pair.b)):
             if side is None:
                 continue
             record = side.record
-            step_key = (pair.name, record.role, record.rank, record.step)
+            step_key = (pair.name, role, record.rank, record.step)
             call = calls[which][step_key]
             calls[which][step_key] += 1
-            group = groups.setdefault((pair.name, record.role, record.rank, call), _Group(pair.name, pair.kind))
+            group = groups.setdefault((pair.name, role, record.rank, call), _Group(pair.name, pair.kind))
             group.units[which].append(_Unit(side, record.step, record.rank))
             group.note = group.note or pair.note
     return list(groups.values())

@@ -133,6 +133,7 @@ def main(argv=None) -> None:
     engine = Engine(hf_model, args.planted)
     rids = [f"req-{i}" for i in range(len(PROMPT_LENGTHS))]
     sequences = engine.generate(prompts(hf_model.config.vocab_size), rids, args.steps)
+    args.rollout.parent.mkdir(parents=True, exist_ok=True)
     args.rollout.write_text(json.dumps({"rids": rids, "prompt_lens": list(PROMPT_LENGTHS),
                                         "sequences": sequences}) + "\n")
 

@@ -6,7 +6,6 @@ import json
 import shutil
 
 import pytest
-import torch
 
 from tdiff.align import TokenAlignment, TokenPairing, choose_pairing
 from tdiff.bisect import bisect_dumps

@@ -58,8 +58,13 @@ def trainer(model, sequences: list[list[int]], dump_dir, **capture) -> None:
     with torch.no_grad(), tdiff.capture(dump_dir, model=model, **capture):
         positions = torch.arange(width).expand(len(sequences), -1)
         logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits.float()
-        scored = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
-        tdiff.dump("logprobs", scored, positions=torch.arange(1, width).expand(len(sequences), -1))
+        dump_logprobs(logits, ids)
+
+
+def dump_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> None:
+    """A trainer's log-prob of every token but the first, from its [batch, seq, vocab] logits."""
+    scored = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
+    tdiff.dump("logprobs", scored, positions=torch.arange(1, ids.shape[1]).expand(len(ids), -1))
 
 
 def decode_only_fault(model, module: str, delta: float = 1e-3):

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tdiff.align.pairing import Alignment
+from tdiff.align.pairing import Alignment, CanonicalPairing
 from tdiff.align.tokens.rows import Located, locate
 from tdiff.align.tokens.sequences import SequenceIndex, index_sequences, match_sequences
 from tdiff.compare.pairing import Pair, Pairing, Side
@@ -108,7 +108,9 @@ class TokenPairing:
         indexes = (index_sequences(batches[0]), index_sequences(batches[1]))
         matcher = _Matcher(indexes)
         pairs = []
-        for group in _groups(base_pairs):
+        # a canonical name is one tensor (HF's attn.core is an input, Megatron's an output); a
+        # module's input and output may share a name
+        for group in _groups(base_pairs, by_role=not isinstance(self.base, CanonicalPairing)):
             units_a, units_b = group.units
             if not units_a or not units_b:
                 pairs.append(Pair(group.name, _joined(units_a), _joined(units_b), kind=group.kind, note=group.note))
@@ -126,7 +128,7 @@ class TokenPairing:
         return pairs
 
 
-def _groups(base_pairs: list[Pair]) -> list[_Group]:
+def _groups(base_pairs: list[Pair], *, by_role: bool) -> list[_Group]:
     """The base pairs' sides regrouped by (name, role, rank, call within the step), across steps."""
     groups: dict[tuple, _Group] = {}
     calls: tuple[Counter, Counter] = (Counter(), Counter())
@@ -135,10 +137,10 @@ def _groups(base_pairs: list[Pair]) -> list[_Group]:
             if side is None:
                 continue
             record = side.record
-            step_key = (pair.name, record.role, record.rank, record.step)
+            step_key = (pair.name, record.role if by_role else None, record.rank, record.step)
             call = calls[which][step_key]
             calls[which][step_key] += 1
-            group = groups.setdefault((pair.name, record.role, record.rank, call), _Group(pair.name, pair.kind))
+            group = groups.setdefault((*step_key[:3], call), _Group(pair.name, pair.kind))
             group.units[which].append(_Unit(side, record.step, record.rank))
             group.note = group.note or pair.note
     return list(groups.values())

@@ -107,6 +107,7 @@ class TokenPairing:
         batches = (a.token_batches(), b.token_batches())
         indexes = (index_sequences(batches[0]), index_sequences(batches[1]))
         matcher = _Matcher(indexes)
+        located: tuple[dict, dict] = ({}, {})
         pairs = []
         # a canonical name is one tensor (HF's attn.core is an input, Megatron's an output); a
         # module's input and output may share a name
@@ -115,7 +116,7 @@ class TokenPairing:
             if not units_a or not units_b:
                 pairs.append(Pair(group.name, _joined(units_a), _joined(units_b), kind=group.kind, note=group.note))
                 continue
-            aligned = _aligned(group, (a, b), batches, indexes, matcher)
+            aligned = _aligned(group, (a, b), batches, indexes, matcher, located)
             if isinstance(aligned, str):
                 alignment.not_aligned.append((group.name, aligned))
             else:
@@ -185,14 +186,15 @@ class _Matcher:
 
 
 def _aligned(group: _Group, dumps: tuple[Dump, Dump], batches: tuple[dict, dict],
-             indexes: tuple[SequenceIndex, SequenceIndex], matcher: _Matcher) -> Pair | str:
+             indexes: tuple[SequenceIndex, SequenceIndex], matcher: _Matcher,
+             caches: tuple[dict, dict]) -> Pair | str:
     """The group's token pair, or why it has none."""
     located: list[list[tuple[_Unit, Located]]] = [[], []]
     for which in (0, 1):
         reasons = []
         for unit in group.units[which]:
             record = unit.side.record
-            found = locate(record, batches[which].get((unit.step, unit.rank)), indexes[which])
+            found = locate(record, batches[which].get((unit.step, unit.rank)), indexes[which], caches[which])
             if isinstance(found, str):
                 reasons.append(found)
             else:

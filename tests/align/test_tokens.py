@@ -15,12 +15,10 @@ from tdiff.compare.metrics import Tolerance
 from tdiff.errors import TdiffError
 from tdiff.store import open_dump
 from tests.helpers import tdiff_cli, tiny_qwen2
-from tests.stacks import hf_rollout
+from tests.stacks.hf_rollout import rollout as hf_rollout
 
-PROMPTS = [[5, 17, 9], [3, 44, 21, 8, 61, 30]]
-DECODE_STEPS = 3
+PROMPTS, DECODE_STEPS, FAULTY = hf_rollout.PROMPTS, hf_rollout.DECODE_STEPS, hf_rollout.FAULTY
 TOLERANCE = Tolerance(atol=1e-5)   # decode and prefill differ legitimately around 1e-7 (fp32)
-FAULTY = "model.layers.1.mlp.down_proj"
 
 
 @pytest.fixture(scope="module")

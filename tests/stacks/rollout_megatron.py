@@ -16,10 +16,9 @@ from pathlib import Path
 import torch
 
 import tdiff
-from tests.stacks import hf_rollout
+from tests.stacks.hf_rollout import rollout as hf_rollout
 
-PROMPTS = [[5, 17, 9], [3, 44, 21, 8, 61, 30]]
-DECODE_STEPS = 3
+PROMPTS, DECODE_STEPS = hf_rollout.PROMPTS, hf_rollout.DECODE_STEPS
 
 
 def main() -> None:

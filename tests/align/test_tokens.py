@@ -77,6 +77,7 @@ def test_a_decode_only_fault_is_named_with_its_module_kind_and_token(runs):
     root, _ = runs
     trainer, faulty = _dumps(root, "faulty")
     result = bisect_dumps(trainer, faulty, tolerance=TOLERANCE, pairing=choose_pairing(trainer, faulty))
+    assert any("without a row per token were not compared" in note for note in result.notes)
     found = result.to_json()["first_divergence"]
     assert (found["module"], found["event"]) == (FAULTY, "output")
     assert found["kind"] == result.first_divergence.comparison.boundary_kind == "linear"

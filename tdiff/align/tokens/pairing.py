@@ -108,6 +108,7 @@ class TokenPairing:
         indexes = (index_sequences(batches[0]), index_sequences(batches[1]))
         matcher = _Matcher(indexes)
         located: tuple[dict, dict] = ({}, {})
+        rows: dict[tuple, tuple[list, tuple[TokenRows, tuple[list, list]] | str]] = {}
         pairs = []
         # a canonical name is one tensor (HF's attn.core is an input, Megatron's an output); a
         # module's input and output may share a name
@@ -116,7 +117,7 @@ class TokenPairing:
             if not units_a or not units_b:
                 pairs.append(Pair(group.name, _joined(units_a), _joined(units_b), kind=group.kind, note=group.note))
                 continue
-            aligned = _aligned(group, (a, b), batches, indexes, matcher, located)
+            aligned = _aligned(group, (a, b), batches, indexes, matcher, located, rows)
             if isinstance(aligned, str):
                 alignment.not_aligned.append((group.name, aligned))
             else:
@@ -187,8 +188,9 @@ class _Matcher:
 
 def _aligned(group: _Group, dumps: tuple[Dump, Dump], batches: tuple[dict, dict],
              indexes: tuple[SequenceIndex, SequenceIndex], matcher: _Matcher,
-             caches: tuple[dict, dict]) -> Pair | str:
-    """The group's token pair, or why it has none."""
+             caches: tuple[dict, dict], paired_rows: dict) -> Pair | str:
+    """The group's token pair, or why it has none. ``paired_rows`` keeps the pairing of rows that
+    boundaries located alike share (all the module tensors of the same steps)."""
     located: list[list[tuple[_Unit, Located]]] = [[], []]
     for which in (0, 1):
         reasons = []
@@ -204,6 +206,22 @@ def _aligned(group: _Group, dumps: tuple[Dump, Dump], batches: tuple[dict, dict]
         widths = {found.features(unit.side.record) for unit, found in located[which] if unit.side.load is None}
         if len(widths) > 1:
             return f"side {'AB'[which]}: rows of different widths across steps ({', '.join(map(str, sorted(widths)))})"
+    key = tuple(tuple(id(found) for _, found in side) for side in located)
+    if key not in paired_rows:
+        # the Located objects are kept with the result: their ids in the key stay theirs
+        paired_rows[key] = (located, _paired_rows(located, matcher))
+    paired = paired_rows[key][1]
+    if isinstance(paired, str):
+        return paired
+    tokens, picks = paired
+    sides = [_gathered(group.name, dumps[which], located[which], picks[which]) for which in (0, 1)]
+    return Pair(group.name, sides[0], sides[1], kind=group.kind, tokens=tokens)
+
+
+def _paired_rows(located: list[list[tuple[_Unit, Located]]],
+                 matcher: _Matcher) -> tuple[TokenRows, tuple[list, list]] | str:
+    """Rows of one token on both sides (in order of A's sequence and position), with the (unit,
+    row) each comes from; or why there is none."""
     rows_b: dict[tuple[int, int], tuple[int, int]] = {}
     for i, (_, found) in enumerate(located[1]):
         for row, sequence, position in zip(found.rows, found.sequences, found.positions):
@@ -225,9 +243,7 @@ def _aligned(group: _Group, dumps: tuple[Dump, Dump], batches: tuple[dict, dict]
         picks[1].append(hit)
     if not refs:
         return f"no token in common ({len(rows_a)} located on A, {len(rows_b)} on B)"
-    tokens = TokenRows(refs, only_a=len(rows_a) - len(refs), only_b=len(rows_b) - len(refs))
-    sides = [_gathered(group.name, dumps[which], located[which], picks[which]) for which in (0, 1)]
-    return Pair(group.name, sides[0], sides[1], kind=group.kind, tokens=tokens)
+    return TokenRows(refs, only_a=len(rows_a) - len(refs), only_b=len(rows_b) - len(refs)), picks
 
 
 def _gathered(name: str, dump: Dump, located: list[tuple[_Unit, Located]], picks: list[tuple[int, int]]) -> Side:

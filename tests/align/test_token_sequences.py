@@ -38,6 +38,9 @@ def engine(path, order_by_step, *, ids=True, chunk=None, planted=frozenset()):
                          seq_ids=[r for r, _ in fed] if ids else None)
             rows = [value(r, p, planted) for r, ps in fed for p in ps] + [[0.0, 0.0]]   # + a padding cell
             tdiff.dump("hidden", torch.tensor(rows))
+            prefill = any(len(ps) > 1 for _, ps in fed)
+            # an LM head that scores only each sequence's last token in the prefill
+            tdiff.dump("logits", torch.tensor([value(r, ps[-1]) for r, ps in fed]) if prefill else torch.tensor(rows))
     return open_dump(path)
 
 
@@ -46,7 +49,9 @@ def packed_trainer(path, order, *, ids=True):
     with tdiff.capture(path):
         tdiff.tokens(input_ids=[t for s in sequences for t in s], seq_lens=[len(s) for s in sequences],
                      seq_ids=list(order) if ids else None)
-        tdiff.dump("hidden", torch.tensor([value(r, p) for r in order for p in range(len(PROMPT) + 3)]))
+        rows = torch.tensor([value(r, p) for r in order for p in range(len(PROMPT) + 3)])
+        tdiff.dump("hidden", rows)
+        tdiff.dump("logits", rows)
     return open_dump(path)
 
 
@@ -97,3 +102,14 @@ def test_a_sequence_the_other_run_lacks_is_listed_and_its_tokens_are_one_sided(t
     assert report.status == "match"
     assert [u["seq"] for u in alignment.unmatched_b] == [1]
     assert report.comparisons[0].tokens.only_b == len(PROMPT) + 2
+
+
+def test_steps_whose_rows_are_not_tokens_are_listed_and_the_others_compared(tmp_path):
+    a = packed_trainer(tmp_path / "trainer", ["r1", "r2", "r3"])
+    b = engine(tmp_path / "engine", [["r1", "r2", "r3"]] * 3)
+    report, alignment = aligned(a, b)
+    assert report.status == "match"
+    logits = next(c for c in report.comparisons if c.name == "logits")
+    assert logits.tokens.compared == len(RESPONSES) * 2          # the decode steps' tokens only
+    assert [name for name, _ in alignment.partly] == ["logits"]
+    assert "1 step(s) not compared" in alignment.partly[0][1]

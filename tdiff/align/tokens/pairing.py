@@ -56,6 +56,7 @@ class TokenAlignment:
     unmatched_a: list[dict] = field(default_factory=list)    # {"seq", "rank", "tokens"}
     unmatched_b: list[dict] = field(default_factory=list)
     not_aligned: list[tuple[str, str]] = field(default_factory=list)
+    partly: list[tuple[str, str]] = field(default_factory=list)   # compared at the steps whose rows are tokens
     boundaries: Alignment | None = None
 
     @property
@@ -65,7 +66,8 @@ class TokenAlignment:
     def to_json(self) -> dict:
         out = {"by": "tokens", "sequences": [s.to_json() for s in self.sequences],
                "unmatched": {"a": self.unmatched_a, "b": self.unmatched_b},
-               "not_aligned": [{"name": n, "reason": r} for n, r in self.not_aligned]}
+               "not_aligned": [{"name": n, "reason": r} for n, r in self.not_aligned],
+               "partly_aligned": [{"name": n, "reason": r} for n, r in self.partly]}
         if self.boundaries is not None:
             out["boundaries"] = self.boundaries.to_json()
         return out
@@ -117,7 +119,7 @@ class TokenPairing:
             if not units_a or not units_b:
                 pairs.append(Pair(group.name, _joined(units_a), _joined(units_b), kind=group.kind, note=group.note))
                 continue
-            aligned = _aligned(group, (a, b), batches, indexes, matcher, located, rows)
+            aligned = _aligned(group, (a, b), batches, indexes, matcher, located, rows, alignment.partly)
             if isinstance(aligned, str):
                 alignment.not_aligned.append((group.name, aligned))
             else:
@@ -188,9 +190,11 @@ class _Matcher:
 
 def _aligned(group: _Group, dumps: tuple[Dump, Dump], batches: tuple[dict, dict],
              indexes: tuple[SequenceIndex, SequenceIndex], matcher: _Matcher,
-             caches: tuple[dict, dict], paired_rows: dict) -> Pair | str:
+             caches: tuple[dict, dict], paired_rows: dict, partly: list[tuple[str, str]]) -> Pair | str:
     """The group's token pair, or why it has none. ``paired_rows`` keeps the pairing of rows that
-    boundaries located alike share (all the module tensors of the same steps)."""
+    boundaries located alike share (all the module tensors of the same steps); ``partly`` gets the
+    groups some of whose steps have no row per token (an LM head computing the last token only
+    in the prefill)."""
     located: list[list[tuple[_Unit, Located]]] = [[], []]
     for which in (0, 1):
         reasons = []
@@ -203,6 +207,8 @@ def _aligned(group: _Group, dumps: tuple[Dump, Dump], batches: tuple[dict, dict]
                 located[which].append((unit, found))
         if not located[which]:
             return f"side {'AB'[which]}: {reasons[0]}"
+        if reasons:
+            partly.append((group.name, f"side {'AB'[which]}: {len(reasons)} step(s) not compared, first: {reasons[0]}"))
         widths = {found.features(unit.side.record) for unit, found in located[which] if unit.side.load is None}
         if len(widths) > 1:
             return f"side {'AB'[which]}: rows of different widths across steps ({', '.join(map(str, sorted(widths)))})"

@@ -113,3 +113,18 @@ def test_steps_whose_rows_are_not_tokens_are_listed_and_the_others_compared(tmp_
     assert logits.tokens.compared == len(RESPONSES) * 2          # the decode steps' tokens only
     assert [name for name, _ in alignment.partly] == ["logits"]
     assert "1 step(s) not compared" in alignment.partly[0][1]
+
+
+def test_replicated_ranks_hold_one_layout_and_another_batching_is_another(tmp_path, monkeypatch):
+    from tdiff.align.tokens import layouts_differ
+
+    for rank in ("0", "1"):   # two tensor-parallel ranks: the same tokens on each
+        monkeypatch.setenv("RANK", rank)
+        packed_trainer(tmp_path / "tp2", ["r1", "r2"])
+    monkeypatch.setenv("RANK", "0")
+    tp2, tp1 = open_dump(tmp_path / "tp2"), packed_trainer(tmp_path / "tp1", ["r1", "r2"])
+    assert sorted(tp2.token_batches()) == [(0, 0), (0, 1)]
+    assert not layouts_differ(tp2, tp1)
+    assert not isinstance(choose_pairing(tp2, tp1), TokenPairing)
+    other = packed_trainer(tmp_path / "other", ["r1", "r3"])
+    assert layouts_differ(tp1, other) and isinstance(choose_pairing(tp1, other), TokenPairing)

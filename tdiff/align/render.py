@@ -57,5 +57,9 @@ def render_token_alignment(alignment: TokenAlignment, console: Console) -> None:
         names = ", ".join(escape(name) for name, _ in alignment.not_aligned[:6])
         more = f" and {len(alignment.not_aligned) - 6} more" if len(alignment.not_aligned) > 6 else ""
         console.print(f"  not token-aligned, not compared (no row per token): {names}{more}; --json says why")
+    for name, reason in alignment.partly[:6]:
+        console.print(f"  [yellow]partly token-aligned[/yellow]: {escape(name)}: {escape(reason)}")
+    if len(alignment.partly) > 6:
+        console.print(f"  ... and {len(alignment.partly) - 6} more partly token-aligned tensors; --json lists them")
     if alignment.boundaries is not None:
         render_alignment(alignment.boundaries, console)

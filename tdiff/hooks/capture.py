@@ -265,7 +265,8 @@ class Capture:
     # ---- token metadata ----
     def tokens(self, **given) -> None:
         """``tdiff.tokens``: inside a model call they describe the forward running; else the next
-        outermost call's (or, if none comes, the current step's). Checked at once."""
+        outermost call's, or the current step's when an explicit dump or the capture's end comes
+        first in a step no model ran in (values computed without a model). Checked at once."""
         batch = describe_tokens(step=self.step_index, rank=0, **given)
         if self._stack:
             self._write_tokens(batch)
@@ -312,6 +313,8 @@ class Capture:
         if not ((graph is not None or self.selection.wants_step(self.step_index))
                 and self.selection.wants(name, explicit=True) and not self.writer.failed):
             return
+        if self._pending_tokens is not None and not self._top_level_done:
+            self._write_tokens(self._pending_tokens)   # no model ran in this step: they describe it
         where = (parent.path if parent else "", None, parent, len(stack), None, name, None)
         for sub, tensor in flatten_tensors(value):
             attrs = {}

@@ -6,7 +6,6 @@ import json
 import shutil
 
 import pytest
-import torch
 
 from tdiff.align import TokenAlignment, TokenPairing, choose_pairing
 from tdiff.bisect import bisect_dumps
@@ -16,12 +15,10 @@ from tdiff.compare.metrics import Tolerance
 from tdiff.errors import TdiffError
 from tdiff.store import open_dump
 from tests.helpers import tdiff_cli, tiny_qwen2
-from tests.stacks import hf_rollout
+from tests.stacks.hf_rollout import rollout as hf_rollout
 
-PROMPTS = [[5, 17, 9], [3, 44, 21, 8, 61, 30]]
-DECODE_STEPS = 3
+PROMPTS, DECODE_STEPS, FAULTY = hf_rollout.PROMPTS, hf_rollout.DECODE_STEPS, hf_rollout.FAULTY
 TOLERANCE = Tolerance(atol=1e-5)   # decode and prefill differ legitimately around 1e-7 (fp32)
-FAULTY = "model.layers.1.mlp.down_proj"
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +77,7 @@ def test_a_decode_only_fault_is_named_with_its_module_kind_and_token(runs):
     root, _ = runs
     trainer, faulty = _dumps(root, "faulty")
     result = bisect_dumps(trainer, faulty, tolerance=TOLERANCE, pairing=choose_pairing(trainer, faulty))
+    assert any("without a row per token were not compared" in note for note in result.notes)
     found = result.to_json()["first_divergence"]
     assert (found["module"], found["event"]) == (FAULTY, "output")
     assert found["kind"] == result.first_divergence.comparison.boundary_kind == "linear"

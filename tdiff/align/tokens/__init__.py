@@ -11,20 +11,26 @@ token. docs/ALIGNMENT.md.
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 from tdiff.align.tokens.pairing import TokenAlignment, TokenPairing
 from tdiff.store import Dump
+from tdiff.store.tokens import TokenBatch
 
 
 def layouts_differ(a: Dump, b: Dump) -> bool:
     """Whether both dumps carry token metadata and their steps or token layouts differ: then
-    pairing by name or boundary per step would compare tensors of different tokens."""
+    pairing by name or boundary per step would compare tensors of different tokens. Ranks that
+    hold the same tokens (tensor-parallel replicas) count once."""
     batches_a, batches_b = a.token_batches(), b.token_batches()
-    if not batches_a or not batches_b:
-        return False
-    if batches_a.keys() != batches_b.keys():
-        return True
-    return any((x.shape, x.input_ids, x.positions, x.seqs) != (y.shape, y.input_ids, y.positions, y.seqs)
-               for x, y in ((batches_a[k], batches_b[k]) for k in batches_a))
+    return bool(batches_a and batches_b) and _layout(batches_a) != _layout(batches_b)
+
+
+def _layout(batches: dict[tuple[int, int], TokenBatch]) -> dict[int, set]:
+    steps: dict[int, set] = defaultdict(set)
+    for (step, _), batch in batches.items():
+        steps[step].add((batch.shape, tuple(batch.input_ids), tuple(batch.positions), tuple(batch.seqs)))
+    return steps
 
 
 __all__ = ["TokenAlignment", "TokenPairing", "layouts_differ"]

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tdiff.align.pairing import Alignment
+from tdiff.align.pairing import Alignment, CanonicalPairing
 from tdiff.align.tokens.rows import Located, locate
 from tdiff.align.tokens.sequences import SequenceIndex, index_sequences, match_sequences
 from tdiff.compare.pairing import Pair, Pairing, Side
@@ -56,6 +56,7 @@ class TokenAlignment:
     unmatched_a: list[dict] = field(default_factory=list)    # {"seq", "rank", "tokens"}
     unmatched_b: list[dict] = field(default_factory=list)
     not_aligned: list[tuple[str, str]] = field(default_factory=list)
+    partly: list[tuple[str, str]] = field(default_factory=list)   # compared at the steps whose rows are tokens
     boundaries: Alignment | None = None
 
     @property
@@ -65,7 +66,8 @@ class TokenAlignment:
     def to_json(self) -> dict:
         out = {"by": "tokens", "sequences": [s.to_json() for s in self.sequences],
                "unmatched": {"a": self.unmatched_a, "b": self.unmatched_b},
-               "not_aligned": [{"name": n, "reason": r} for n, r in self.not_aligned]}
+               "not_aligned": [{"name": n, "reason": r} for n, r in self.not_aligned],
+               "partly_aligned": [{"name": n, "reason": r} for n, r in self.partly]}
         if self.boundaries is not None:
             out["boundaries"] = self.boundaries.to_json()
         return out
@@ -107,13 +109,17 @@ class TokenPairing:
         batches = (a.token_batches(), b.token_batches())
         indexes = (index_sequences(batches[0]), index_sequences(batches[1]))
         matcher = _Matcher(indexes)
+        located: tuple[dict, dict] = ({}, {})
+        rows: dict[tuple, tuple[list, tuple[TokenRows, tuple[list, list]] | str]] = {}
         pairs = []
-        for group in _groups(base_pairs, by_boundary=alignment.boundaries is not None):
+        # a canonical name is one tensor (HF's attn.core is an input, Megatron's an output); a
+        # module's input and output may share a name
+        for group in _groups(base_pairs, by_role=not isinstance(self.base, CanonicalPairing)):
             units_a, units_b = group.units
             if not units_a or not units_b:
                 pairs.append(Pair(group.name, _joined(units_a), _joined(units_b), kind=group.kind, note=group.note))
                 continue
-            aligned = _aligned(group, (a, b), batches, indexes, matcher)
+            aligned = _aligned(group, (a, b), batches, indexes, matcher, located, rows, alignment.partly)
             if isinstance(aligned, str):
                 alignment.not_aligned.append((group.name, aligned))
             else:
@@ -126,22 +132,19 @@ class TokenPairing:
         return pairs
 
 
-def _groups(base_pairs: list[Pair], *, by_boundary: bool) -> list[_Group]:
+def _groups(base_pairs: list[Pair], *, by_role: bool) -> list[_Group]:
     """The base pairs' sides regrouped by (name, role, rank, call within the step), across steps."""
     groups: dict[tuple, _Group] = {}
     calls: tuple[Counter, Counter] = (Counter(), Counter())
     for pair in base_pairs:
-        # a canonical boundary is one tensor whatever role each side recorded it in (SGLang's
-        # rope output is Megatron's core-attention input); a module path names an input and an output
-        role = None if by_boundary else pair.record.role
         for which, side in enumerate((pair.a, pair.b)):
             if side is None:
                 continue
             record = side.record
-            step_key = (pair.name, role, record.rank, record.step)
+            step_key = (pair.name, record.role if by_role else None, record.rank, record.step)
             call = calls[which][step_key]
             calls[which][step_key] += 1
-            group = groups.setdefault((pair.name, role, record.rank, call), _Group(pair.name, pair.kind))
+            group = groups.setdefault((*step_key[:3], call), _Group(pair.name, pair.kind))
             group.units[which].append(_Unit(side, record.step, record.rank))
             group.note = group.note or pair.note
     return list(groups.values())
@@ -186,23 +189,45 @@ class _Matcher:
 
 
 def _aligned(group: _Group, dumps: tuple[Dump, Dump], batches: tuple[dict, dict],
-             indexes: tuple[SequenceIndex, SequenceIndex], matcher: _Matcher) -> Pair | str:
-    """The group's token pair, or why it has none."""
+             indexes: tuple[SequenceIndex, SequenceIndex], matcher: _Matcher,
+             caches: tuple[dict, dict], paired_rows: dict, partly: list[tuple[str, str]]) -> Pair | str:
+    """The group's token pair, or why it has none. ``paired_rows`` keeps the pairing of rows that
+    boundaries located alike share (all the module tensors of the same steps); ``partly`` gets the
+    groups some of whose steps have no row per token (an LM head computing the last token only
+    in the prefill)."""
     located: list[list[tuple[_Unit, Located]]] = [[], []]
     for which in (0, 1):
         reasons = []
         for unit in group.units[which]:
             record = unit.side.record
-            found = locate(record, batches[which].get((unit.step, unit.rank)), indexes[which])
+            found = locate(record, batches[which].get((unit.step, unit.rank)), indexes[which], caches[which])
             if isinstance(found, str):
                 reasons.append(found)
             else:
                 located[which].append((unit, found))
         if not located[which]:
             return f"side {'AB'[which]}: {reasons[0]}"
+        if reasons:
+            partly.append((group.name, f"side {'AB'[which]}: {len(reasons)} step(s) not compared, first: {reasons[0]}"))
         widths = {found.features(unit.side.record) for unit, found in located[which] if unit.side.load is None}
         if len(widths) > 1:
             return f"side {'AB'[which]}: rows of different widths across steps ({', '.join(map(str, sorted(widths)))})"
+    key = tuple(tuple(id(found) for _, found in side) for side in located)
+    if key not in paired_rows:
+        # the Located objects are kept with the result: their ids in the key stay theirs
+        paired_rows[key] = (located, _paired_rows(located, matcher))
+    paired = paired_rows[key][1]
+    if isinstance(paired, str):
+        return paired
+    tokens, picks = paired
+    sides = [_gathered(group.name, dumps[which], located[which], picks[which]) for which in (0, 1)]
+    return Pair(group.name, sides[0], sides[1], kind=group.kind, tokens=tokens)
+
+
+def _paired_rows(located: list[list[tuple[_Unit, Located]]],
+                 matcher: _Matcher) -> tuple[TokenRows, tuple[list, list]] | str:
+    """Rows of one token on both sides (in order of A's sequence and position), with the (unit,
+    row) each comes from; or why there is none."""
     rows_b: dict[tuple[int, int], tuple[int, int]] = {}
     for i, (_, found) in enumerate(located[1]):
         for row, sequence, position in zip(found.rows, found.sequences, found.positions):
@@ -224,9 +249,7 @@ def _aligned(group: _Group, dumps: tuple[Dump, Dump], batches: tuple[dict, dict]
         picks[1].append(hit)
     if not refs:
         return f"no token in common ({len(rows_a)} located on A, {len(rows_b)} on B)"
-    tokens = TokenRows(refs, only_a=len(rows_a) - len(refs), only_b=len(rows_b) - len(refs))
-    sides = [_gathered(group.name, dumps[which], located[which], picks[which]) for which in (0, 1)]
-    return Pair(group.name, sides[0], sides[1], kind=group.kind, tokens=tokens)
+    return TokenRows(refs, only_a=len(rows_a) - len(refs), only_b=len(rows_b) - len(refs)), picks
 
 
 def _gathered(name: str, dump: Dump, located: list[tuple[_Unit, Located]], picks: list[tuple[int, int]]) -> Side:

@@ -52,8 +52,10 @@ class Located:
                          f"({list(self.lead)}); align it by name or boundary (--align)")
 
 
-def locate(record: Record, batch: TokenBatch | None, index: SequenceIndex) -> Located | str:
-    """The token rows of ``record`` (its step and rank's forward is ``batch``), or why it has none."""
+def locate(record: Record, batch: TokenBatch | None, index: SequenceIndex,
+           cache: dict[tuple, Located]) -> Located | str:
+    """The token rows of ``record`` (its step and rank's forward is ``batch``), or why it has none.
+    ``cache`` keeps what the records of one forward share (the same grid, the same rows)."""
     explicit = RowTokens.of(record.attrs, record.name)
     if explicit is not None:
         if batch is None:
@@ -70,10 +72,17 @@ def locate(record: Record, batch: TokenBatch | None, index: SequenceIndex) -> Lo
     if mode is None:
         return (f"shape {list(record.shape)} has no row per token of step {record.step}'s token grid "
                 f"{list(batch.shape)}")
+    key = (record.step, record.rank, mode)
+    if key not in cache:
+        cache[key] = _grid_rows(record.step, record.rank, mode, batch, index)
+    return cache[key]
+
+
+def _grid_rows(step: int, rank: int, mode: str, batch: TokenBatch, index: SequenceIndex) -> Located:
     lead = {"grid": batch.shape, "seq-major": tuple(reversed(batch.shape)), "flat": (batch.cells,)}[mode]
     located = []
     for cell, (seq, position) in enumerate(zip(batch.seqs, batch.positions)):
-        found = index.of(record.step, record.rank, seq) if seq != PADDING else None
+        found = index.of(step, rank, seq) if seq != PADDING else None
         if found is not None:
             located.append((cell, found, position))   # as_rows puts a seq-major tensor's rows in grid order
     return _located(mode, lead, located)

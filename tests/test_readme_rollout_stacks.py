@@ -57,7 +57,7 @@ def test_the_rollout_walkthrough_runs_as_written_from_a_fresh_clone(tmp_path):
         assert result.returncode == EXIT_STATUS[subcommand], (command, result.stdout[-3000:], result.stderr[-3000:])
         outputs[subcommand] = result.stdout
     assert "\nmatch: all " in outputs["compare"] and "aligned by token: 2 sequence pair(s)" in outputs["compare"]
-    assert outputs["bisect"].startswith(f"diverged: {CULPRIT}")
+    assert f"\ndiverged: {CULPRIT}" in "\n" + outputs["bisect"]
     assert "first differing token: position " in outputs["bisect"]
     gate = subprocess.run([sys.executable, "-c", gate_block(text)], cwd=clone, env=env, capture_output=True,
                           text=True, timeout=600)

@@ -39,6 +39,7 @@ def assert_match(dump_a: Dump | str | Path, dump_b: Dump | str | Path, *, layers
     from tdiff.compare.pairing import NameFilter
     from tdiff.report.console import make_console
     from tdiff.store import Dump, open_dump
+    from tdiff.text import printable
     from tdiff.vocab.parse import parse_ranges
 
     for name, value in (("atol", atol), ("rtol", rtol)):
@@ -56,7 +57,11 @@ def assert_match(dump_a: Dump | str | Path, dump_b: Dump | str | Path, *, layers
         console = make_console()
         console.file = io.StringIO()
         console.width = 200
+        # the verdict first (a test report shows the message's first line), then what bisect notes
+        notes, result.notes = result.notes, []
         render_bisect(result, console)
+        for note in notes:
+            console.print(f"note: {printable(note)}", markup=False, soft_wrap=True)
         raise AssertionError(console.file.getvalue().rstrip())
 
 

@@ -36,10 +36,12 @@ def test_changed_weight_fails(tdiff_capture):
 '''
 
 
-def run_pytest(test_dir, *args, pythonpath):
+def run_pytest(test_dir, *args, pythonpath, autoload=True):
+    env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(pythonpath)}
+    if not autoload:   # only the plugins -p names (an installed tdiff would register this one twice)
+        env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, str(test_dir)],
-                          cwd=test_dir, capture_output=True, text=True, timeout=600,
-                          env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(pythonpath)})
+                          cwd=test_dir, capture_output=True, text=True, timeout=600, env=env)
 
 
 def check_gated_run(result):
@@ -51,7 +53,7 @@ def check_gated_run(result):
 @pytest.mark.slow
 def test_the_fixture_captures_blocks_that_assert_match_gates(tmp_path):
     (tmp_path / "test_gated.py").write_text(GATED_TESTS)
-    check_gated_run(run_pytest(tmp_path, "-p", "tdiff.testing.pytest_plugin", pythonpath=REPO))
+    check_gated_run(run_pytest(tmp_path, "-p", "tdiff.testing.pytest_plugin", pythonpath=REPO, autoload=False))
 
 
 @pytest.mark.slow

@@ -273,6 +273,12 @@ class Capture:
         else:
             self._pending_tokens = batch
 
+    def forward_replayed(self) -> None:
+        """A CUDA graph's replay ran a forward: the tokens given for it describe its step (no
+        model call reads them from the replayed batch)."""
+        if self._pending_tokens is not None:
+            self._write_tokens(self._pending_tokens)
+
     def _tokens_of_forward(self, module, args: tuple, kwargs: dict) -> None:
         """At an outermost call: the tokens given for it, else what its framework's source reads
         from the call (once per step)."""

@@ -186,6 +186,7 @@ class GraphRecorder:
         if rows is not None and recording.rows is not None and rows > recording.rows:
             raise TdiffError(f"tdiff.graph_rows({rows}): the graph was captured for {recording.rows} rows")
         step, bases = _replay_step(capture, recording)
+        capture.forward_replayed()
         if not capture.selection.wants_step(step) or capture.writer.failed:
             return
         _emit(capture, recording, step, bases, rows if rows != recording.rows else None)

@@ -33,6 +33,7 @@ import weakref
 import torch
 
 from tdiff.errors import TdiffError
+from tdiff.hooks.active import active_capture
 from tdiff.hooks.device import _Batch, _DeviceSummary, _packed_summary
 from tdiff.store.dtypes import from_bytes_view, to_bytes_view
 from tdiff.store.record import Record
@@ -272,7 +273,7 @@ def graph_rows(rows: int) -> None:
     batch size keep only their first ``rows`` rows. A no-op when no capture is active."""
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
         raise TdiffError(f"tdiff.graph_rows() takes a positive number of rows, not {rows!r}")
-    capture = _active_capture()
+    capture = active_capture()
     if capture is not None:
         capture._graphs.next_rows = rows
 
@@ -281,7 +282,7 @@ def graph_replayed(graph, rows: int | None = None) -> None:
     """Record the replay of ``graph`` that was just queued on the current stream, for engines
     that replay a ``torch.cuda.CUDAGraph`` without its Python ``replay`` method (which tdiff
     hooks). ``rows``: as :func:`graph_rows`. A no-op when no capture is active."""
-    capture = _active_capture()
+    capture = active_capture()
     if capture is not None:
         capture._graphs.replayed(graph, rows)
 
@@ -297,7 +298,7 @@ def install_graph_hooks() -> None:
     _originals.update(capture_begin=cls.capture_begin, capture_end=cls.capture_end, replay=cls.replay)
 
     def capture_begin(self, *args, **kwargs):
-        capture = _active_capture()
+        capture = active_capture()
         if capture is not None:
             capture._graphs.prepare()
         _originals["capture_begin"](self, *args, **kwargs)
@@ -308,7 +309,7 @@ def install_graph_hooks() -> None:
         try:
             _originals["capture_end"](self, *args, **kwargs)
         finally:
-            capture = _active_capture()
+            capture = active_capture()
             if capture is not None:
                 capture._graphs.end(self)
             else:
@@ -316,14 +317,8 @@ def install_graph_hooks() -> None:
 
     def replay(self, *args, **kwargs):
         _originals["replay"](self, *args, **kwargs)
-        capture = _active_capture()
+        capture = active_capture()
         if capture is not None:
             capture._graphs.replayed(self)
 
     cls.capture_begin, cls.capture_end, cls.replay = capture_begin, capture_end, replay  # type: ignore[method-assign]
-
-
-def _active_capture():
-    from tdiff.hooks.capture import active_capture
-
-    return active_capture()

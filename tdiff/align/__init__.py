@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tdiff.align.adapters import ADAPTERS, adapter_for, framework_of
+from tdiff.align.adapters import ADAPTERS, Adapter, adapter_for, framework_of
 from tdiff.align.pairing import Alignment, CanonicalPairing
 from tdiff.align.tokens import TokenAlignment, TokenPairing, layouts_differ
 from tdiff.compare.pairing import NamePairing, Pairing
@@ -70,20 +70,22 @@ def _base_pairing(dump_a: Dump, dump_b: Dump, mapping: str | Path | None, *, by_
         from tdiff.align.adapters.mapping import load_mapping
 
         custom = load_mapping(mapping)
-        sides = {"a": (0,), "b": (1,), "both": (0, 1)}.get(custom.sides) or \
+        sides = {"a": (0,), "b": (1,), "both": (0, 1)}[custom.sides] if custom.sides else \
             tuple(i for i, adapter in enumerate(adapters) if adapter is None)
         if not sides:
             raise TdiffError(f"--mapping {mapping}: both dumps have built-in adapters ({frameworks[0]}, "
                              f"{frameworks[1]}); say which side the file maps with `side: a` or `side: b`")
         for i in sides:
             adapters[i] = custom
-    for i, adapter in enumerate(adapters):
-        if adapter is None:
-            dump = (dump_a, dump_b)[i]
-            what = f"classes from package {frameworks[i]!r}" if frameworks[i] else "no recorded module classes"
-            raise TdiffError(f"{dump.path}: no adapter knows this model ({what}); write a mapping file "
-                             "(docs/BOUNDARIES.md) and pass --mapping FILE")
-    return CanonicalPairing(adapters[0], adapters[1])
+    return CanonicalPairing(_known(adapters[0], dump_a, frameworks[0]), _known(adapters[1], dump_b, frameworks[1]))
+
+
+def _known(adapter: Adapter | None, dump: Dump, framework: str | None) -> Adapter:
+    if adapter is None:
+        what = f"classes from package {framework!r}" if framework else "no recorded module classes"
+        raise TdiffError(f"{dump.path}: no adapter knows this model ({what}); write a mapping file "
+                         "(docs/BOUNDARIES.md) and pass --mapping FILE")
+    return adapter
 
 
 def _paths_line_up(dump_a: Dump, dump_b: Dump) -> bool:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from tdiff.hooks.capture import Capture, active_capture
+from tdiff.hooks.active import active_capture
+from tdiff.hooks.capture import Capture
 from tdiff.hooks.cuda_graphs import graph_replayed, graph_rows, warmup
 
 

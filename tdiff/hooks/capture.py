@@ -41,6 +41,7 @@ from tdiff.store.writer import DEFAULT_MAX_PENDING, DEFAULT_SHARD_BYTES, DumpWri
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self from Python 3.11
 from tdiff.errors import TdiffError
+from tdiff.hooks.active import active_capture, set_active
 from tdiff.hooks.annotations import annotate, annotating_framework
 from tdiff.hooks.cuda_graphs import DEFAULT_GRAPH_BUDGET, GraphRecorder, install_graph_hooks
 from tdiff.hooks.device import Summarizer, host_copy
@@ -52,7 +53,6 @@ from tdiff.vocab.paths import call_layer, layer_of
 
 MODES = ("full", "stats")
 
-_active: Capture | None = None
 _original_call: Callable[..., Any] | None = None
 
 
@@ -128,9 +128,9 @@ class Capture:
 
     # ---- lifecycle ----
     def start(self) -> Self:
-        global _active
-        if _active is not None:
-            raise TdiffError(f"a capture into {_active.root} is already active in this process")
+        active = active_capture()
+        if active is not None:
+            raise TdiffError(f"a capture into {active.root} is already active in this process")
         create_dump(self.root, {"side": self.side, "mode": self.mode, "storage": self.storage,
                                 "tdiff": tdiff.__version__})
         self.writer = self._new_writer()
@@ -139,14 +139,13 @@ class Capture:
             self._wrap_forward(self.model)
         _install_call_hook()
         install_graph_hooks()
-        _active = self
+        set_active(self)
         return self
 
     def stop(self, error: str | None = None) -> None:
         """End the capture; ``error`` says why the captured code failed (the dump is then incomplete)."""
-        global _active
-        if _active is self:
-            _active = None
+        if active_capture() is self:
+            set_active(None)
         if self._forward_restore is not None:
             self._forward_restore()
             self._forward_restore = None
@@ -273,6 +272,12 @@ class Capture:
         else:
             self._pending_tokens = batch
 
+    def forward_replayed(self) -> None:
+        """A CUDA graph's replay ran a forward: the tokens given for it describe its step (no
+        model call reads them from the replayed batch)."""
+        if self._pending_tokens is not None:
+            self._write_tokens(self._pending_tokens)
+
     def _tokens_of_forward(self, module, args: tuple, kwargs: dict) -> None:
         """At an outermost call: the tokens given for it, else what its framework's source reads
         from the call (once per step)."""
@@ -285,11 +290,6 @@ class Capture:
                 batch = describe_tokens(step=self.step_index, rank=0, source=framework, **given)
         if batch is not None:
             self._write_tokens(batch)
-
-    def tokens_of_replay(self) -> None:
-        """At a CUDA graph replay, a forward that makes no module call: the tokens given for it."""
-        if self._pending_tokens is not None:
-            self._write_tokens(self._pending_tokens)
 
     def _write_tokens(self, batch: TokenBatch) -> None:
         self._pending_tokens = None
@@ -430,7 +430,7 @@ class Capture:
 
         def forward(*args, **kwargs):
             stack = self._stack
-            if _active is not self or (stack and stack[-1].module is model):
+            if active_capture() is not self or (stack and stack[-1].module is model):
                 return original(*args, **kwargs)  # already inside model.__call__
             return self.module_call(model, original, args, kwargs)
 
@@ -497,7 +497,7 @@ def _tdiff_module_call(self, *args, **kwargs):
         # torch.compile traces this call: stay out of the compiled program, which then is exactly
         # the one an uncaptured run compiles (and never reads capture state, no guards on it)
         return _original_call(self, *args, **kwargs)
-    capture = _active
+    capture = active_capture()
     if capture is None:
         return _original_call(self, *args, **kwargs)
     return capture.module_call(self, lambda *a, **k: _original_call(self, *a, **k), args, kwargs)
@@ -511,8 +511,9 @@ def _install_call_hook() -> None:
 
 
 def _after_fork_in_child() -> None:
-    if _active is not None:
-        _active.after_fork_in_child()
+    capture = active_capture()
+    if capture is not None:
+        capture.after_fork_in_child()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -527,7 +528,3 @@ def _versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             pass
     return versions
-
-
-def active_capture() -> Capture | None:
-    return _active

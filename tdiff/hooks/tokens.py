@@ -9,6 +9,7 @@ carries no token ids. The Hugging Face source is built in; other frameworks regi
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -142,7 +143,8 @@ def hugging_face_tokens(module, args: tuple, kwargs: dict) -> dict | None:
     """``input_ids`` with ``attention_mask`` (padding dropped; positions counted along the mask,
     which also covers the cached tokens of a decode step), else ``position_ids``, else
     ``cache_position``."""
-    ids = kwargs.get("input_ids", args[0] if args and isinstance(args[0], torch.Tensor) else None)
+    kwargs = _by_name(module, args, kwargs)
+    ids = kwargs.get("input_ids")
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point():
         return None
     width = ids.shape[1]
@@ -159,6 +161,17 @@ def hugging_face_tokens(module, args: tuple, kwargs: dict) -> dict | None:
             if positions.dim() == 2 and positions.shape[-1] == width:
                 return {"input_ids": ids, "positions": positions}
     return {"input_ids": ids}
+
+
+def _by_name(module, args: tuple, kwargs: dict) -> dict:
+    """The call's arguments by parameter name (``model(ids, mask)`` passes them by position)."""
+    if not args:
+        return kwargs
+    try:
+        # the class's forward: capture may have wrapped the instance's (model=)
+        return dict(inspect.signature(type(module).forward).bind_partial(module, *args, **kwargs).arguments)
+    except (TypeError, ValueError):
+        return {"input_ids": args[0], **kwargs}
 
 
 register_token_source("transformers", hugging_face_tokens)

@@ -50,12 +50,15 @@ def test_tokens_given_before_a_forward_describe_that_forward_and_replace_what_it
         tdiff.tokens(input_ids=torch.tensor([7, 8, 9, 10, 0]), positions=torch.tensor([4, 5, 0, 1, 0]),
                      seq_lens=torch.tensor([2, 2]), seq_ids=["req-b", "req-a"], prompt_lens=[3, 1])
         model(torch.tensor([[7, 8, 9, 10, 0]]))
+        model(torch.tensor([[0, 4, 5]]), torch.tensor([[0, 1, 1]]))   # the mask passed by position
     batches = open_dump(tmp_path / "a").token_batches()
     first, second = batches[(0, 0)], batches[(1, 0)]
     assert first.source == "transformers" and first.positions == [0, 1, 2]
     assert second.source == "tokens" and second.shape == (5,)
     assert second.seqs == [0, 0, 1, 1, PADDING] and second.positions[:4] == [4, 5, 0, 1]
     assert second.seq_ids == ["req-b", "req-a"] and second.prompt_lens == [3, 1]
+    third = batches[(2, 0)]
+    assert third.seqs == [PADDING, 0, 0] and third.positions[1:] == [0, 1]
 
 
 def test_explicit_dumps_carry_the_positions_of_their_rows(tmp_path):

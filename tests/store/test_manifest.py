@@ -1,6 +1,7 @@
 """Manifests: records validated field by field, incomplete and newer dumps recognised."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ import tdiff
 from tdiff.errors import DumpError
 from tdiff.store import FORMAT_VERSION, Record, open_dump
 from tdiff.store.manifest import DUMP_FILE, MANIFEST_DIR
+from tests.helpers import REPO
 
 
 def small_dump(path):
@@ -28,6 +30,19 @@ def test_record_round_trips_through_json():
                     rank=0, dtype="bfloat16", shape=(2, 3), sub="0", stats={"min": 0.0}, file="p.s00000.safetensors",
                     key="t3", attrs={"tp_rank": 1})
     assert Record.from_json(json.loads(json.dumps(record.to_json()))) == record
+
+
+def test_every_stored_field_round_trips_and_is_documented():
+    """A record with no field at its default stores every field; docs/FORMAT.md lists exactly those."""
+    record = Record(seq=3, name="m.layers.0.mlp[0]", module="m.layers.0.mlp", role="input", step=1, call=2,
+                    rank=1, dtype="bfloat16", shape=(2, 3), sub="0", module_class="MLP", parent="m.layers.0",
+                    depth=2, layer=4, device="cuda:0", stats={"min": 0.0}, fingerprint="xxh3:" + "0" * 32,
+                    file="p.s00000.safetensors", key="t3", alias_of=1, attrs={"framework": "torch"})
+    stored = record.to_json()
+    assert Record.from_json(json.loads(json.dumps(stored))) == record
+    table = (REPO / "docs" / "FORMAT.md").read_text().split("Record fields")[1].split(":\n\n", 1)[1].split("\n\n")[0]
+    documented = {name for row in table.splitlines()[2:] for name in re.findall(r"`(\w+)`", row.split("|")[1])}
+    assert documented == set(stored)
 
 
 @pytest.mark.parametrize("field, value, message", [

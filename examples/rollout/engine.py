@@ -1,6 +1,6 @@
 """The rollout side: SGLang's Qwen2 model classes generating greedily on the CPU, as its engine does.
 
-    python examples/rollout/engine.py --rollout rollout.json [--steps 4] [--planted]
+    python examples/rollout/engine.py --rollout rollout.json [--steps 4] [--planted] [--chunk N]
 
 Two requests (prompts of 5 and 11 tokens) are prefilled in one EXTEND batch, then decoded
 together for --steps DECODE steps, one token per request per step, attention reading the rest from
@@ -14,6 +14,8 @@ sequences (prompt + response) go to --rollout, for the trainer (examples/rollout
 
 --planted: layer 1's decode attention writes its output in bf16 (as a decode kernel with a bf16
 output buffer would); prefill attention stays fp32. A fault on the decode path alone.
+--chunk N: a chunked prefill, the prompts' first N tokens in an EXTEND forward of their own, then
+the rest on top of their KV cache (``extend_prefix_lens`` N).
 """
 
 from __future__ import annotations
@@ -82,7 +84,23 @@ class Engine:
             out = self.model(batch.input_ids, batch.positions, batch)
         return torch.log_softmax(out.next_token_logits.float(), dim=-1)
 
-    def generate(self, prompt_ids: list[torch.Tensor], rids: list[str], steps: int) -> list[list[int]]:
+    @staticmethod
+    def extend_batch(rows, rids, fed: list[torch.Tensor], prefix: list[int], slots: list[torch.Tensor]):
+        """An EXTEND batch: each request is fed ``fed`` after the ``prefix`` tokens already in its KV cache."""
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+
+        new = [len(f) for f in fed]
+        total = torch.tensor([p + n for p, n in zip(prefix, new)])
+        return ForwardBatch(
+            forward_mode=ForwardMode.EXTEND, batch_size=len(fed), input_ids=torch.cat(fed), req_pool_indices=rows,
+            seq_lens=total, out_cache_loc=torch.cat(slots), seq_lens_sum=int(total.sum()), seq_lens_cpu=total.clone(),
+            positions=torch.cat([torch.arange(p, p + n) for p, n in zip(prefix, new)]), extend_num_tokens=sum(new),
+            extend_seq_lens=torch.tensor(new), extend_seq_lens_cpu=new, extend_prefix_lens=torch.tensor(prefix),
+            extend_prefix_lens_cpu=list(prefix), extend_start_loc=torch.tensor([sum(new[:i]) for i in range(len(new))]),
+            rids=list(rids), return_logprob=False, capture_hidden_mode=CaptureHiddenMode.NULL)
+
+    def generate(self, prompt_ids: list[torch.Tensor], rids: list[str], steps: int,
+                 chunk: int | None = None) -> list[list[int]]:
         from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
 
         lens = [len(p) for p in prompt_ids]
@@ -91,15 +109,15 @@ class Engine:
         starts = [sum(lens[:i]) for i in range(len(lens))]
         for row, start, n in zip(rows.tolist(), starts, lens):
             self.req_pool.write((row, slice(0, n)), slots[start:start + n].to(torch.int32))
+        slots_of = [slots[start:start + n] for start, n in zip(starts, lens)]
+        prefix = [0] * len(lens)
+        if chunk is not None:   # chunked prefill: the first `chunk` prompt tokens in a forward of their own
+            self.forward(self.extend_batch(rows, rids, [p[:chunk] for p in prompt_ids], prefix,
+                                           [s[:chunk] for s in slots_of]))
+            prefix = [chunk] * len(lens)
+        batch = self.extend_batch(rows, rids, [p[c:] for p, c in zip(prompt_ids, prefix)], prefix,
+                                  [s[c:] for s, c in zip(slots_of, prefix)])
         seq_lens = torch.tensor(lens)
-        batch = ForwardBatch(
-            forward_mode=ForwardMode.EXTEND, batch_size=len(lens), input_ids=torch.cat(prompt_ids),
-            req_pool_indices=rows, seq_lens=seq_lens, out_cache_loc=slots, seq_lens_sum=sum(lens),
-            seq_lens_cpu=seq_lens.clone(), positions=torch.cat([torch.arange(n) for n in lens]),
-            extend_num_tokens=sum(lens), extend_seq_lens=seq_lens.clone(), extend_seq_lens_cpu=list(lens),
-            extend_prefix_lens=torch.zeros(len(lens), dtype=torch.int64), extend_prefix_lens_cpu=[0] * len(lens),
-            extend_start_loc=torch.tensor(starts), rids=list(rids), return_logprob=False,
-            capture_hidden_mode=CaptureHiddenMode.NULL)
         sequences = [p.tolist() for p in prompt_ids]
         for step in range(steps + 1):
             logprobs = self.forward(batch)
@@ -126,13 +144,17 @@ def main(argv=None) -> None:
     parser.add_argument("--rollout", type=Path, required=True, help="where to write the finished sequences (JSON)")
     parser.add_argument("--steps", type=int, default=4, help="decode steps after the prefill")
     parser.add_argument("--planted", action="store_true", help="layer 1's decode attention writes bf16")
+    parser.add_argument("--chunk", type=int, help="chunked prefill: the first N prompt tokens in a forward of "
+                                                  "their own, the rest on top of their KV cache")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     init_sglang()
     hf_model = tiny_qwen2()
     engine = Engine(hf_model, args.planted)
     rids = [f"req-{i}" for i in range(len(PROMPT_LENGTHS))]
-    sequences = engine.generate(prompts(hf_model.config.vocab_size), rids, args.steps)
+    if args.chunk is not None and not 0 < args.chunk < min(PROMPT_LENGTHS):
+        parser.error(f"--chunk takes 1 to {min(PROMPT_LENGTHS) - 1} tokens")
+    sequences = engine.generate(prompts(hf_model.config.vocab_size), rids, args.steps, args.chunk)
     args.rollout.parent.mkdir(parents=True, exist_ok=True)
     args.rollout.write_text(json.dumps({"rids": rids, "prompt_lens": list(PROMPT_LENGTHS),
                                         "sequences": sequences}) + "\n")

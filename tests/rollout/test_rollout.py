@@ -20,6 +20,7 @@ ENGINE = REPO / "examples" / "rollout" / "engine.py"
 TRAINER = REPO / "examples" / "rollout" / "trainer.py"
 PLANTED_ATTENTION = "model.layers.1.self_attn.attn"
 STEPS = 3
+CHUNK = 3   # chunked prefill: the prompts' first 3 tokens, then the rest on top of their KV cache
 # fp32 round-off between a cached decode and a full forward (cpu-stacks.md measures 1e-6)
 TOLERANCE = 1e-5
 
@@ -42,7 +43,10 @@ def runs(tmp_path_factory):
            "thd": captured(root, "thd", TRAINER, "--rollout", rollout, "--layout", "thd"),
            "thd-padded": captured(root, "thd-padded", TRAINER, "--rollout", rollout, "--layout", "thd",
                                   "--pad-to", 4),
-           "planted-trainer": captured(root, "planted-trainer", TRAINER, "--rollout", planted, "--layout", "thd")}
+           "planted-trainer": captured(root, "planted-trainer", TRAINER, "--rollout", planted, "--layout", "thd"),
+           "chunked": captured(root, "chunked", ENGINE, "--rollout", root / "chunked.json", "--steps", STEPS,
+                               "--chunk", CHUNK),
+           "chunked-trainer": captured(root, "chunked-trainer", TRAINER, "--rollout", root / "chunked.json")}
     return out, json.loads(rollout.read_text())
 
 
@@ -147,3 +151,21 @@ def tolerance(atol):
     from tdiff.compare.metrics import Tolerance
 
     return Tolerance(atol=atol, rtol=0.0)
+
+
+def test_a_chunked_prefill_continues_its_sequences_and_aligns_with_training(runs):
+    dumps, _ = runs
+    rollout = json.loads((dumps["chunked"].parent / "chunked.json").read_text())
+    batches = open_dump(dumps["chunked"]).token_batches()
+    first, rest = batches[(0, 0)], batches[(1, 0)]
+    assert first.positions == list(chain(*(range(CHUNK) for _ in rollout["prompt_lens"])))
+    assert rest.positions == list(chain(*(range(CHUNK, n) for n in rollout["prompt_lens"])))
+    assert rest.seq_ids == first.seq_ids == rollout["rids"]
+    engine, trainer = open_dump(dumps["chunked"]), open_dump(dumps["chunked-trainer"])
+    pairing = choose_pairing_for(dumps["chunked"], dumps["chunked-trainer"])
+    pairing.pair(engine, trainer)
+    alignment = pairing.alignment.to_json()
+    # each chunk joins its sequence: every token but the last sampled one is fed by both runs
+    assert alignment["unmatched"] == {"a": [], "b": []}
+    assert sum(s["shared"] for s in alignment["sequences"]) == sum(len(s) - 1 for s in rollout["sequences"])
+    assert_match(engine, trainer, atol=TOLERANCE)

@@ -70,6 +70,8 @@ def megatron_tokens(module, args: tuple, kwargs: dict) -> dict | None:
 
     Positions are counted along each sequence, not read from ``position_ids``: GPTModel's RoPE
     ignores them (it rotates by index along the sequence dimension)."""
+    # by GPTModel's parameter order, not the called module's signature: Megatron's wrappers
+    # (Float16Module, DistributedDataParallel) take *inputs
     given = dict(zip(_GPT_ARGUMENTS, args))
     given.update((k, v) for k, v in kwargs.items() if k in (*_GPT_ARGUMENTS, "packed_seq_params"))
     ids = given.get("input_ids")

@@ -37,12 +37,14 @@ def _silent(line: str) -> None:
 
 def run(*dumps: str | Path, run_a: str | None = None, run_b: str | None = None,
         tolerance: Tolerance = EXACT, names: NameFilter | None = None, mapping: str | None = None,
-        allow_incomplete: bool = False, graft: bool = False, try_fixes: str | None = None,
+        align: str | None = None, allow_incomplete: bool = False, graft: bool = False,
+        try_fixes: str | None = None,
         stats_pass: bool = True, budget_bytes: int | None = None, steps: str | None = None,
         workdir: Path | None = None, echo: Callable[[str], None] = _silent) -> BisectResult:
     """Bisect two dumps (A B), the runs of one repeat folder, or two commands (``run_a``, ``run_b``).
 
-    ``graft`` reruns side B (``run_b``) with the culprit's inputs from side A; ``try_fixes``
+    ``mapping`` and ``align`` pair two dumps as in `tdiff compare`. ``graft`` reruns side B
+    (``run_b``) with the culprit's inputs from side A; ``try_fixes``
     (``builtin``, ``builtin:NAMES`` or a patch file) reruns side B under candidate fixes for the
     culprit's kind. ``stats_pass``, ``budget_bytes`` and ``steps`` shape online runs. Runs go to
     ``workdir`` (a new directory, kept) or to a temporary one removed before returning. ``echo``
@@ -52,6 +54,8 @@ def run(*dumps: str | Path, run_a: str | None = None, run_b: str | None = None,
     online = run_a is not None and not dumps
     reruns_b = graft or try_fixes is not None
     _check_request(dumps, run_a, run_b, reruns_b, online, stats_pass, budget_bytes, steps, workdir)
+    if align is not None and len(dumps) != 2:
+        raise TdiffError("--align applies to two dumps (A B)")
     with _work_dir(workdir, needed=online or reruns_b) as work:
         final_a: Dump | None
         if online:
@@ -70,7 +74,7 @@ def run(*dumps: str | Path, run_a: str | None = None, run_b: str | None = None,
             final_a = open_dump(dumps[0], allow_incomplete=allow_incomplete)
             dump_b = open_dump(dumps[1], allow_incomplete=allow_incomplete)
             result = bisect_dumps(final_a, dump_b, tolerance=tolerance,
-                                  pairing=names.applied_to(choose_pairing(final_a, dump_b, mapping)))
+                                  pairing=names.applied_to(choose_pairing(final_a, dump_b, mapping, align)))
             runner = Runner({"B": run_b}, work, echo) if graft and run_b is not None else None
         if result.first_divergence is None:
             return result

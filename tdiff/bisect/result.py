@@ -7,7 +7,8 @@
                           "introduced": true,
                           "metrics": {"max_abs": 0.0156, "max_ulp": 1, "max_ulp_at_scale": 0.5,
                                       "mismatch_fraction": 0.39, "cosine": 0.99999},
-                          "description": "...", "call": 0, "rank": 0, "reason": null},
+                          "description": "...", "call": 0, "rank": 0, "reason": null,
+                          "token": null},
      "checked": 75,
      "trail": [{"name": "model.layers.1", "module": "model.layers.1", ...}, ...]}
 
@@ -107,6 +108,8 @@ class Divergence:
     call: int                   # the first differing tensor's
     rank: int
     reason: str | None          # why its comparison has no metrics (one side only, fingerprints...)
+    # the first differing token {seq_a, seq_b, position, step_a, step_b}; None unless aligned by token
+    token: dict | None = None
     # the bisection's working state, not part of the result:
     first: Comparison | None = field(default=None, compare=False, repr=False)  # the verdict on ``name``
     module_call: int | None = field(default=None, compare=False)  # call index of ``module`` (for graft)
@@ -120,7 +123,7 @@ class Divergence:
         return cls(name=name, module=module, module_b=module_b, layer=_layer(module, comparison), kind=kind,
                    step=record.step, event=event, introduced=introduced, metrics=Metrics.of(comparison),
                    description=description, call=record.call, rank=record.rank, reason=comparison.reason,
-                   first=comparison, module_call=module_call, before=before)
+                   token=_first_token(comparison), first=comparison, module_call=module_call, before=before)
 
     def to_json(self) -> dict:
         return _fields_to_json(self)
@@ -128,6 +131,12 @@ class Divergence:
     @classmethod
     def from_json(cls, data: dict) -> Divergence:
         return cls(**_fields_from_json(cls, data, metrics=Metrics.from_json(data["metrics"])))
+
+
+def _first_token(comparison: Comparison) -> dict | None:
+    tokens = comparison.tokens
+    first = tokens.first_differing if tokens is not None else None
+    return first.to_json() if first is not None else None
 
 
 def _layer(module: str | None, comparison: Comparison) -> int | None:

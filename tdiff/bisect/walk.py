@@ -61,7 +61,8 @@ def bisect_dumps(dump_a: Dump | str | Path, dump_b: Dump | str | Path, *,
                           checked=comparator.compared,
                           tolerance=tolerance.describe(),
                           sides={"a": str(a.path), "b": str(b.path)},
-                          notes=_notes(a, b) + _missing_notes(missing) + _left_out_notes(pairing))
+                          notes=_notes(a, b) + _missing_notes(missing) + _left_out_notes(pairing)
+                          + _not_aligned_notes(pairing))
     if found:
         _, _, stream, index, comparison = min(found, key=lambda f: f[:2])
         result.first_divergence, result.trail = _locate(stream, index, comparison, comparator)
@@ -90,6 +91,17 @@ def _missing_notes(missing: list[Pair]) -> list[str]:
 def _left_out_notes(pairing: Pairing | None) -> list[str]:
     left_out = getattr(pairing, "left_out", 0)  # a FilteredPairing's
     return [f"{left_out:,} tensor(s) left out by --select/--exclude were not compared"] if left_out else []
+
+
+def _not_aligned_notes(pairing: Pairing | None) -> list[str]:
+    """Runs aligned by token: the tensors without a row per token were not events (a decode step's
+    mask over the cache, an op whose shape differs between decode and prefill)."""
+    not_aligned = getattr(getattr(pairing, "alignment", None), "not_aligned", None)
+    if not not_aligned:
+        return []
+    name, reason = not_aligned[0]
+    return [(f"aligned by token: {len(not_aligned):,} tensor(s) without a row per token were not compared, "
+            f"first {name} ({reason})")]
 
 
 def _first_divergent(stream: Stream, comparator: EventComparator) -> tuple[int, Comparison] | None:

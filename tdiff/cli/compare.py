@@ -7,8 +7,8 @@ import sys
 
 import click
 
-from tdiff.cli.options import (allow_incomplete_option, dumps_from, json_option, layer_option, mapping_option,
-                               name_filter_options, quiet_option, tolerance_from, tolerance_options)
+from tdiff.cli.options import (align_option, allow_incomplete_option, dumps_from, json_option, layer_option,
+                               mapping_option, name_filter_options, quiet_option, tolerance_from, tolerance_options)
 
 
 @click.command()
@@ -22,14 +22,22 @@ from tdiff.cli.options import (allow_incomplete_option, dumps_from, json_option,
               help="Show at most K rows: the K worst divergences and the first one (0: all).")
 @allow_incomplete_option()
 @mapping_option
+@align_option
 @quiet_option
-def compare(dump_a, dump_b, layer, select, exclude, exact, atol, rtol, as_json, top, allow_incomplete, mapping, quiet):
+def compare(dump_a, dump_b, layer, select, exclude, exact, atol, rtol, as_json, top, allow_incomplete, mapping, align,
+            quiet):
     """Compare dumps A and B tensor by tensor.
 
     Dumps of one framework with one parallel layout pair tensors by name, step, call index, role
     and rank. Otherwise (HF vs Megatron vs SGLang, TP=2 vs TP=1, or --mapping) tensors pair by
     canonical op boundary (docs/BOUNDARIES.md): adapters picked from the model's classes
     reassemble shards and move tokens first; boundaries a framework does not expose are listed.
+
+    When both dumps carry token metadata and their steps or token layouts differ (an engine's
+    prefill and decode steps against a trainer's one forward; ragged, padded or packed), tensors
+    pair token by token (docs/ALIGNMENT.md): sequences match by their token ids, each row by
+    (sequence, position); rows show tokens equal of tokens compared. A position one side lacks
+    (the last sampled token) is listed, not a divergence. --align forces a pairing.
 
     The verdict is bitwise unless --atol/--rtol relax it. A tensor on one side only counts as a
     divergence.
@@ -41,7 +49,7 @@ def compare(dump_a, dump_b, layer, select, exclude, exact, atol, rtol, as_json, 
     from tdiff.report.progress import progress_bar
 
     tolerance = tolerance_from(exact, atol, rtol)
-    a, b, pairing = dumps_from(dump_a, dump_b, allow_incomplete, mapping)
+    a, b, pairing = dumps_from(dump_a, dump_b, allow_incomplete, mapping, align)
     with progress_bar("comparing", quiet=quiet) as advance:
         report = compare_dumps(a, b, CompareOptions(tolerance=tolerance, layer=layer, select=list(select),
                                                   exclude=list(exclude)),

@@ -103,15 +103,15 @@ def allow_incomplete_option(note: str = ""):
     return click.option("--allow-incomplete", is_flag=True, help=f"Use what an incomplete dump holds{note}.")
 
 
-def dumps_from(dump_a: str, dump_b: str, allow_incomplete: bool, mapping: str | None):
-    """Dumps A and B opened as --allow-incomplete says, and their pairing (--mapping, else the
-    one their frameworks and layouts call for)."""
+def dumps_from(dump_a: str, dump_b: str, allow_incomplete: bool, mapping: str | None, align: str | None = None):
+    """Dumps A and B opened as --allow-incomplete says, and their pairing (--align, --mapping, else
+    the one their frameworks, layouts and token metadata call for)."""
     from tdiff.align import choose_pairing
     from tdiff.store.reader import open_dump
 
     a = open_dump(dump_a, allow_incomplete=allow_incomplete)
     b = open_dump(dump_b, allow_incomplete=allow_incomplete)
-    return a, b, choose_pairing(a, b, mapping)
+    return a, b, choose_pairing(a, b, mapping, align)
 
 
 def json_option(command):
@@ -121,3 +121,11 @@ def json_option(command):
 def quiet_option(command):
     return click.option("--quiet", "-q", is_flag=True,
                         help="No progress bars or informational messages (for CI); warnings still print.")(command)
+
+
+def align_option(command):
+    """--align on the commands that pair two dumps (compare, bisect)."""
+    return click.option("--align", type=click.Choice(["tokens", "names", "boundaries"]), help=(
+        "Force how tensors pair (default: chosen from the dumps): by module name, step and call; by "
+        "canonical op boundary (across frameworks and parallel layouts); or by token, over either "
+        "(prefill and decode steps against one forward; docs/ALIGNMENT.md)."))(command)

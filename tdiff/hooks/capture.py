@@ -16,6 +16,7 @@ top level again (the next forward pass); once code calls :func:`step`, only that
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 from importlib import metadata
@@ -34,6 +35,7 @@ from tdiff.store.fingerprint import xxh3_fingerprint
 from tdiff.store.manifest import create_dump, new_part_id
 from tdiff.store.record import Record
 from tdiff.store.storage import STORAGES
+from tdiff.store.tokens import TokenBatch
 from tdiff.store.writer import DEFAULT_MAX_PENDING, DEFAULT_SHARD_BYTES, DumpWriter, Pending
 
 if TYPE_CHECKING:
@@ -45,6 +47,7 @@ from tdiff.hooks.cuda_graphs import DEFAULT_GRAPH_BUDGET, GraphRecorder, install
 from tdiff.hooks.device import Summarizer, host_copy
 from tdiff.hooks.naming import ModulePaths, flatten_call_inputs, flatten_tensors, tensor_name
 from tdiff.hooks.selection import Selection
+from tdiff.hooks.tokens import describe_tokens, row_tokens, token_source
 from tdiff.vocab.parse import parse_ranges
 from tdiff.vocab.paths import call_layer, layer_of
 
@@ -115,6 +118,8 @@ class Capture:
         self._forward_restore: Callable[[], None] | None = None
         self._graphs = GraphRecorder(self, graph_budget_bytes)   # CUDA graph capture and replays
         self.notes: list[str] = []   # what the dump must say about how it was recorded
+        self._pending_tokens: TokenBatch | None = None   # tdiff.tokens() given before its forward ran
+        self._tokens_step: int | None = None       # the last step whose tokens were recorded
         self._graft = None
         if graft is not None:  # bisect --graft: feed one call another run's inputs (tdiff.hooks.graft)
             from tdiff.hooks.graft import InputGraft
@@ -144,6 +149,8 @@ class Capture:
         if self._forward_restore is not None:
             self._forward_restore()
             self._forward_restore = None
+        if self._pending_tokens is not None and self.writer is not None:
+            self._write_tokens(self._pending_tokens)  # no forward followed: they describe this step
         if self.writer is not None:
             self._summaries.flush()
             self.writer.close(error, notes=self.notes)
@@ -214,6 +221,8 @@ class Capture:
         path = self._paths.path_of(module, (parent.module, parent.path) if parent else None)
         if parent is None and not self._rank_known:
             self._rank = None  # torch.distributed may have started since the last outermost call
+        if parent is None and graph is None:
+            self._tokens_of_forward(module, args, kwargs)
         if parent is None and self.batch_row is not None:
             self._batch_size = _batch_size(args, kwargs)
             if self._batch_size and self.batch_row >= self._batch_size:
@@ -252,7 +261,47 @@ class Capture:
             (graph.top_level if graph is not None else self._top_level_done).add(id(module))
         return output
 
-    def dump(self, name: str, value) -> None:
+    # ---- token metadata ----
+    def tokens(self, **given) -> None:
+        """``tdiff.tokens``: inside a model call they describe the forward running; else the next
+        outermost call's, or the current step's when an explicit dump or the capture's end comes
+        first in a step no model ran in (values computed without a model). Checked at once."""
+        batch = describe_tokens(step=self.step_index, rank=0, **given)
+        if self._stack:
+            self._write_tokens(batch)
+        else:
+            self._pending_tokens = batch
+
+    def forward_replayed(self) -> None:
+        """A CUDA graph's replay ran a forward: the tokens given for it describe its step (no
+        model call reads them from the replayed batch)."""
+        if self._pending_tokens is not None:
+            self._write_tokens(self._pending_tokens)
+
+    def _tokens_of_forward(self, module, args: tuple, kwargs: dict) -> None:
+        """At an outermost call: the tokens given for it, else what its framework's source reads
+        from the call (once per step)."""
+        batch, self._pending_tokens = self._pending_tokens, None
+        if batch is None and self._tokens_step != self.step_index:
+            framework = type(getattr(module, "_orig_mod", module)).__module__.partition(".")[0]
+            source = token_source(framework)
+            given = source(module, args, kwargs) if source is not None else None
+            if given is not None:
+                batch = describe_tokens(step=self.step_index, rank=0, source=framework, **given)
+        if batch is not None:
+            self._write_tokens(batch)
+
+    def _write_tokens(self, batch: TokenBatch) -> None:
+        self._pending_tokens = None
+        if self.batch_row is not None:
+            self.note("--batch-row: token metadata is not recorded (rows are cut from the batch)")
+            return
+        if not self.selection.wants_step(self.step_index) or self.writer.failed:
+            return
+        self._tokens_step = self.step_index
+        self.writer.submit_tokens(dataclasses.replace(batch, step=self.step_index, rank=self._current_rank()))
+
+    def dump(self, name: str, value, positions=None, seq_ids=None) -> None:
         stack = self._stack
         parent = stack[-1] if stack else None
         graph = self._graphs.capturing()
@@ -264,9 +313,14 @@ class Capture:
         if not ((graph is not None or self.selection.wants_step(self.step_index))
                 and self.selection.wants(name, explicit=True) and not self.writer.failed):
             return
+        if self._pending_tokens is not None and not self._top_level_done:
+            self._write_tokens(self._pending_tokens)   # no model ran in this step: they describe it
         where = (parent.path if parent else "", None, parent, len(stack), None, name, None)
         for sub, tensor in flatten_tensors(value):
-            self._record(tensor, tensor_name(name, sub), sub, "explicit", call, where)
+            attrs = {}
+            if positions is not None:
+                attrs["tokens"] = row_tokens(tuple(tensor.shape), positions, seq_ids).to_json()
+            self._record(tensor, tensor_name(name, sub), sub, "explicit", call, where, attrs)
 
     def _layer_of_call(self, path: str, parent: _Frame | None) -> tuple[int | None, int | None]:
         """The decoder layer this call belongs to, and that layer again where the module path
@@ -280,7 +334,7 @@ class Capture:
 
     # ---- recording one tensor ----
     def _record(self, tensor: torch.Tensor, name: str, sub: str, role: str, call: int,
-                where: tuple) -> None:
+                where: tuple, explicit_attrs: dict | None = None) -> None:
         if tensor.device.type == "meta":
             return
         module_path, module, parent, depth, annotator, counter, layer = where
@@ -301,7 +355,8 @@ class Capture:
             sub=sub, module_class=type(module).__name__ if module is not None else None,
             parent=parent.path if parent else None, depth=depth, layer=layer, device=str(tensor.device),
             alias_of=alias_of,
-            attrs=annotate(module, module_path, role, sub, tensor, annotator) if module is not None else {})
+            attrs=annotate(module, module_path, role, sub, tensor, annotator) if module is not None
+            else explicit_attrs or {})
         if graph is not None:
             graph.record(record, counter, tensor)  # into the graph's static buffers, harvested on replay
         elif alias_of is not None:

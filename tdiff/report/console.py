@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tdiff.align.pairing import Alignment, SideAlignment
+from tdiff.align.tokens import TokenAlignment
 from tdiff.compare.engine import CompareReport, Comparison
 from tdiff.text import printable
 from tdiff.vocab.paths import ROOT_LABEL
@@ -85,7 +86,11 @@ def render_compare(report: CompareReport, console: Console, top: int | None = No
     table.add_column("#", justify="right", no_wrap=True)
     table.add_column("tensor", overflow="fold", min_width=24, ratio=1)
     count_column = "mismatch" if tolerance.exact else "outside tol."
-    for column in ("role", "step:call", "status", count_column, "max abs", "ULP at scale", "cosine"):
+    by_token = any(c.tokens is not None for c in comparisons)
+    columns = ["role", "step:call", "status", count_column, "max abs", "ULP at scale", "cosine"]
+    if by_token:
+        columns.insert(3, "tokens equal")
+    for column in columns:
         table.add_column(column, justify="left" if column in ("role", "status") else "right", no_wrap=True)
     for index in shown:
         c = comparisons[index]
@@ -93,10 +98,13 @@ def render_compare(report: CompareReport, console: Console, top: int | None = No
         m = c.metrics if c.diverged else None
         style = "bold red" if c is first else ("red" if c.diverged else "")
         status = Text(c.status + (" <- first" if c is first else ""), style=style or "green")
-        table.add_row(str(index), Text(printable(c.name)), r.role, f"{r.step}:{r.call}", status,
-                      f"{100 * (m.mismatch_fraction if tolerance.exact else m.outside_fraction):.3g}%" if m else "",
-                      fmt_number(m.max_abs) if m else "", fmt_number(m.max_ulp_at_scale) if m else "",
-                      f"{m.cosine:.6f}" if m else "", style=style)
+        cells: list[str | Text] = [str(index), Text(printable(c.name)), r.role, f"{r.step}:{r.call}", status,
+                 f"{100 * (m.mismatch_fraction if tolerance.exact else m.outside_fraction):.3g}%" if m else "",
+                 fmt_number(m.max_abs) if m else "", fmt_number(m.max_ulp_at_scale) if m else "",
+                 f"{m.cosine:.6f}" if m else ""]
+        if by_token:
+            cells.insert(4, f"{c.tokens.equal:,}/{c.tokens.compared:,}" if c.tokens is not None else "")
+        table.add_row(*cells, style=style)
     console.print(table)
     if len(shown) < len(comparisons):
         console.print(f"({len(comparisons) - len(shown)} more rows; --top 0 shows all)")
@@ -106,7 +114,9 @@ def render_compare(report: CompareReport, console: Console, top: int | None = No
         for note in dump.notes:
             console.print(Text(f"note: side {label}: {printable(note)}"))
     console.print(Text(printable(summary_line(report))))
-    if isinstance(report.alignment, Alignment):
+    if isinstance(report.alignment, TokenAlignment):
+        render_token_alignment(report.alignment, console)
+    elif isinstance(report.alignment, Alignment):
         render_alignment(report.alignment, console)
 
 
@@ -139,6 +149,35 @@ def _render_side(label: str, side: SideAlignment, console: Console) -> None:
         console.print(f"  [red]only on {label}[/red] (the other side could expose them): {shown}")
 
 
+def render_token_alignment(alignment: TokenAlignment, console: Console) -> None:
+    """How two dumps were aligned token by token (after the comparison table)."""
+    pairs = alignment.sequences
+    shared = sum(p.shared for p in pairs)
+    console.print(f"aligned by token: {len(pairs)} sequence pair(s) matched by token ids, {shared:,} positions "
+                  "fed by both")
+    one_sided = [(label, p.a, p.b, positions) for p in pairs
+                 for label, positions in (("A", p.only_a), ("B", p.only_b)) if positions]
+    for label, a, b, positions in one_sided[:8]:
+        shown = ", ".join(map(str, positions[:6])) + (" ..." if len(positions) > 6 else "")
+        console.print(f"  only on {label} (not compared): sequence {a} (A) / {b} (B), position(s) {shown}")
+    if len(one_sided) > 8:
+        console.print(f"  ... and {len(one_sided) - 8} more sequence(s) with one-sided positions; --json lists them")
+    for label, unmatched in (("A", alignment.unmatched_a), ("B", alignment.unmatched_b)):
+        if unmatched:
+            shown = ", ".join(f"{u['seq']} ({u['tokens']} tokens)" for u in unmatched[:8])
+            console.print(f"  [yellow]sequences only on {label}[/yellow] (no partner by token ids): {shown}")
+    if alignment.not_aligned:
+        names = ", ".join(escape(name) for name, _ in alignment.not_aligned[:6])
+        more = f" and {len(alignment.not_aligned) - 6} more" if len(alignment.not_aligned) > 6 else ""
+        console.print(f"  not token-aligned, not compared (no row per token): {names}{more}; --json says why")
+    for name, reason in alignment.partly[:6]:
+        console.print(f"  [yellow]partly token-aligned[/yellow]: {escape(name)}: {escape(reason)}")
+    if len(alignment.partly) > 6:
+        console.print(f"  ... and {len(alignment.partly) - 6} more partly token-aligned tensors; --json lists them")
+    if alignment.boundaries is not None:
+        render_alignment(alignment.boundaries, console)
+
+
 def summary_line(report: CompareReport) -> str:
     counts = report.counts()
     first = report.first_divergence
@@ -148,12 +187,25 @@ def summary_line(report: CompareReport) -> str:
     if first is None:
         # a filter may have left out where the runs part: say so next to the match
         left_out = f"; {report.left_out} tensor(s) left out by --layer/--select/--exclude" if report.left_out else ""
-        return f"match: all {counts['compared']} tensors equal ({report.options.tolerance.describe()}){left_out}"
+        return (f"match: all {counts['compared']} tensors equal ({report.options.tolerance.describe()})"
+                f"{_token_totals(report)}{left_out}")
     diverged = counts["compared"] - counts["match"]
     where = f" (module {first.record.module or ROOT_LABEL}, {first.record.role})" if first.record.role != "explicit" else ""
-    return (f"diverged: {diverged} of {counts['compared']} tensors differ; first: {first.name}{where} "
-            f"step {first.record.step} call {first.record.call}: "
+    token = first.tokens.first_differing if first.tokens is not None else None
+    at_token = (f" (first at position {token.position} of sequence {token.seq_a}, B's step {token.step_b})"
+                if token is not None else "")
+    return (f"diverged: {diverged} of {counts['compared']} tensors differ{_token_totals(report)}; first: "
+            f"{first.name}{where} step {first.record.step} call {first.record.call}{at_token}: "
             f"{describe(first, report.options.tolerance.describe())}")
+
+
+def _token_totals(report: CompareReport) -> str:
+    """Tokens compared and equal over the token-aligned tensors (empty when none is)."""
+    verdicts = [c.tokens for c in report.comparisons if c.tokens is not None]
+    if not verdicts:
+        return ""
+    return (f"; {sum(v.equal for v in verdicts):,}/{sum(v.compared for v in verdicts):,} tensor-tokens equal "
+            f"over {len(verdicts)} token-aligned tensors")
 
 
 def _rows_to_show(comparisons: list[Comparison], first: Comparison | None, top: int | None) -> list[int]:
@@ -205,6 +257,12 @@ def render_bisect(result: BisectResult, console: Console) -> None:
         # the full verdict where this process compared the tensor; read back from JSON, its figures
         figures = describe(d.first, result.tolerance) if d.first is not None else _describe_metrics(d)
         say(f"  first differing tensor {escape(d.name)}: {escape(figures)}")
+        if d.token is not None:
+            t = d.token
+            tokens = d.first.tokens if d.first is not None else None
+            equal = f"; {tokens.equal:,}/{tokens.compared:,} tokens equal" if tokens is not None else ""
+            say(f"  first differing token: position {t['position']} of sequence {t['seq_a']} (A, step "
+                f"{t['step_a']}) / {t['seq_b']} (B, step {t['step_b']}){equal}")
         if result.trail:
             chain = " > ".join(f"{escape(t.module or ROOT_LABEL)} (ULP at scale "
                                f"{fmt_number(t.metrics.max_ulp_at_scale)})" for t in result.trail)

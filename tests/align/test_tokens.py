@@ -80,7 +80,7 @@ def test_a_decode_only_fault_is_named_with_its_module_kind_and_token(runs):
     assert any("without a row per token were not compared" in note for note in result.notes)
     found = result.to_json()["first_divergence"]
     assert (found["module"], found["event"]) == (FAULTY, "output")
-    assert found["kind"] == result.first_divergence.comparison.boundary_kind == "linear"
+    assert found["kind"] == result.first_divergence.first.boundary_kind == "linear"
     shortest = min(range(len(PROMPTS)), key=lambda i: len(PROMPTS[i]))
     # the first decoded token of the shortest prompt: position len(prompt), the engine's step 1
     assert found["token"] == {"seq_a": len(PROMPTS) - 1 - shortest, "seq_b": shortest,

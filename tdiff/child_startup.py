@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import os
 
-from tdiff.bootstrap import CAPTURE_ENV, PATCHES_ENV
+from tdiff.bootstrap import PATCHES_ENV
+from tdiff.launch import CaptureConfig
 
 
 def activate_from_env() -> None:
@@ -19,20 +20,19 @@ def activate_from_env() -> None:
         from tdiff.source_patcher.bootstrap import activate_patches
 
         activate_patches(json.loads(patches))
-    capture = os.environ.get(CAPTURE_ENV)
-    if capture:
+    config = CaptureConfig.from_env(os.environ)
+    if config is not None:
         from tdiff.bootstrap.imports import when_imported
 
-        config = json.loads(capture)
         when_imported("torch", lambda _torch: _start_capture(config))
 
 
-def _start_capture(config: dict) -> None:
+def _start_capture(config: CaptureConfig) -> None:
     import atexit
 
     from tdiff.hooks.capture import Capture
 
-    capture = Capture(config.pop("out"), **config).start()
+    capture = Capture(config.out, **config.capture_options()).start()
     atexit.register(capture.stop)
     _stop_on_sigterm(capture)
 

@@ -17,40 +17,16 @@ done here: a target whose paths differ between the sides is refused with a messa
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
-from tdiff.bisect.result import BisectResult, Divergence, metrics_json
+from tdiff.bisect.result import BisectResult, Divergence, GraftVerdict, Metrics
 from tdiff.bisect.runs import Runner
 from tdiff.bisect.verdict import EventComparator
-from tdiff.compare.engine import Comparison
 from tdiff.compare.metrics import EXACT, Tolerance
 from tdiff.compare.pairing import NamePairing
 from tdiff.errors import TdiffError
+from tdiff.launch import GraftSpec
 from tdiff.store import Dump
 from tdiff.vocab.paths import ROOT_LABEL
-
-
-@dataclass
-class GraftVerdict:
-    module: str
-    module_b: str
-    step: int
-    call: int
-    verdict: str
-    comparison: Comparison      # B's grafted output against A's output
-    run: str
-
-    @property
-    def description(self) -> str:
-        if self.verdict == "op_differs":
-            return f"`{self.module or ROOT_LABEL}` differs on identical inputs: the op itself differs"
-        return (f"`{self.module or ROOT_LABEL}` matches on side A's inputs: only its inputs differed, "
-                "it did not introduce the divergence")
-
-    def to_json(self) -> dict:
-        return {"module": self.module, "module_b": self.module_b, "step": self.step, "call": self.call,
-                "verdict": self.verdict, "description": self.description,
-                "metrics": metrics_json(self.comparison), "run": self.run}
 
 
 def graft_target(divergence: Divergence) -> tuple[str, str, int]:
@@ -78,8 +54,7 @@ def run_graft(runner: Runner, a: Dump, result: BisectResult, tolerance: Toleranc
     if not all(r.has_data for r in inputs):
         raise TdiffError(f"--graft needs side A's inputs as tensors, and {a.path} was captured in stats "
                          "mode; capture side A with --mode full")
-    spec = {"dump": str(a.path.resolve()), "module": module, "module_b": module_b, "step": step,
-            "call": call}
+    spec = GraftSpec(dump=str(a.path.resolve()), module=module, module_b=module_b, step=step, call=call)
     run, b = runner.capture("B", "graft", f"`{module_b or ROOT_LABEL}` on side A's recorded inputs",
                             mode="full", select=[f"^{re.escape(module_b)}$"], steps=str(step),
                             graft=spec)
@@ -98,7 +73,7 @@ def run_graft(runner: Runner, a: Dump, result: BisectResult, tolerance: Toleranc
     differing = next((c for c in outputs if c.diverged), None)
     verdict = GraftVerdict(module=module, module_b=module_b, step=step, call=call,
                            verdict="op_differs" if differing else "inputs_only",
-                           comparison=differing or outputs[0], run=str(run.path))
+                           metrics=Metrics.of(differing or outputs[0]), run=str(run.path))
     run.outcome = verdict.verdict
     result.graft = verdict
     if verdict.verdict == "inputs_only":

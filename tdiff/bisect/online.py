@@ -98,7 +98,8 @@ def _region_around(divergence: Divergence, records, budget: int | None) -> Regio
     needed: list[tuple[str, bool]] = []
     if divergence.before is not None:
         needed.append((divergence.before, False))
-    first = divergence.comparison.record
+    assert divergence.first is not None, "a divergence found in this process carries its comparison"
+    first = divergence.first.record
     if first.role == "input" and first.module != location:
         needed.append((first.module, False))  # the module whose input showed the divergence
     needed += [(path, False) for path in ancestors(location, parents)] if location is not None else []
@@ -143,7 +144,7 @@ def _with_search(runner: Runner, options: OnlineOptions) -> tuple[BisectResult, 
     if search.result == len(spine):
         note = (f"every probed boundary matches, including the last of {len(spine)} "
                 "(the search assumes that a divergence, once introduced, persists to every later boundary)")
-        return BisectResult(first_divergence=None, checked=checked, tolerance=options.tolerance.describe(),
+        return BisectResult(status="match", first_divergence=None, checked=checked, tolerance=options.tolerance.describe(),
                             notes=[note]), None
     boundary = spine[search.result]
     region = interval_region(discovery, spine, search.result)
@@ -153,7 +154,8 @@ def _with_search(runner: Runner, options: OnlineOptions) -> tuple[BisectResult, 
     final.checked += checked
     if final.first_divergence is None:
         comparison = differing[search.result]
-        final.first_divergence = Divergence(
+        final.status = "diverged"
+        final.first_divergence = Divergence.found(
             name=comparison.name, module=boundary.module, module_b=boundary.module, kind="other",
             event="output", introduced=False, comparison=comparison,
             description=f"the probe found {boundary} differing, but the full capture of the region "

@@ -20,41 +20,22 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass
 from itertools import groupby
 
-from tdiff.bisect.result import Divergence
+from tdiff.bisect.result import Divergence, OpDivergence
 from tdiff.bisect.verdict import EventComparator
-from tdiff.compare.engine import Comparison
 from tdiff.compare.pairing import Pair, Side
 from tdiff.store import Dump, Record
 from tdiff.vocab.kinds import op_kind
 from tdiff.vocab.paths import ROOT_LABEL
 
 
-@dataclass
-class OpDivergence:
-    """The op of the culprit's call where the two runs part."""
-
-    a: Record | None      # side A's op (its first output record); None where A's ops ended first
-    b: Record | None
-    comparison: Comparison | None   # the op's output verdict; None where the sequences part
-    module: str | None = None
-
-    @property
-    def parted(self) -> bool:
-        return self.comparison is None
-
-    def to_json(self) -> dict:
-        a, b = (_op_fields(r) for r in (self.a, self.b))
-        return {"name": a.get("name"), "index": a.get("index"), "function": a.get("function"),
-                "source": a.get("source"), "name_b": b.get("name"), "index_b": b.get("index"),
-                "function_b": b.get("function"), "source_b": b.get("source"), "parted": self.parted}
-
-    def describe(self) -> str:
-        if not self.parted:
-            return (f"op {_op(self.a)}: its inputs match, its output differs")
-        return f"the op sequences part at op {_op(self.a)} on side A and op {_op(self.b)} on side B"
+def _found(a: Record | None, b: Record | None, parted: bool) -> OpDivergence:
+    """The op where the runs part, from each side's op record (None: that side's ops ended)."""
+    op_a, op_b = _op_fields(a), _op_fields(b)
+    return OpDivergence(name=op_a.get("name"), index=op_a.get("index"), function=op_a.get("function"),
+                        source=op_a.get("source"), name_b=op_b.get("name"), index_b=op_b.get("index"),
+                        function_b=op_b.get("function"), source_b=op_b.get("source"), parted=parted)
 
 
 def _op_fields(record: Record | None) -> dict:
@@ -62,22 +43,13 @@ def _op_fields(record: Record | None) -> dict:
     return (record.op or {}) if record is not None else {}
 
 
-def _op(record: Record | None) -> str:
-    if record is None:
-        return "(none: its ops ended)"
-    op = _op_fields(record)
-    where = f"{op['function']} ({op['source']})" if op.get("function") else "an unknown caller"
-    return f"#{op['index']} {op['name']} in {where}"
-
-
 def descend(a: Dump, b: Dump, divergence: Divergence, comparator: EventComparator) -> list[str]:
     """Name the op inside the culprit's call (``divergence.op``, and its kind); returns notes."""
     if not own_code(divergence):
         return []
-    record = divergence.comparison.record
-    call = record.call if divergence.event == "output" else divergence.module_call
-    ops_a = _call_ops(a, divergence.module, record.step, call, record.rank)
-    ops_b = _call_ops(b, divergence.module_b, record.step, call, record.rank)
+    call = divergence.call if divergence.event == "output" else divergence.module_call
+    ops_a = _call_ops(a, divergence.module, divergence.step, call, divergence.rank)
+    ops_b = _call_ops(b, divergence.module_b, divergence.step, call, divergence.rank)
     if not ops_a and not ops_b:
         return [zoom_hint(a, b, divergence.module)]
     if not ops_a or not ops_b:
@@ -92,7 +64,6 @@ def descend(a: Dump, b: Dump, divergence: Divergence, comparator: EventComparato
         return [*limits, (f"the ops recorded in `{path_label(divergence.module)}` match on both sides: the difference "
                           "enters through what no op record holds (a parameter, a tensor made outside the call, a "
                           "kernel that bypasses the dispatcher or a CUDA graph replay)")]
-    found.module = divergence.module
     attach(divergence, found)
     return limits
 
@@ -100,8 +71,8 @@ def descend(a: Dump, b: Dump, divergence: Divergence, comparator: EventComparato
 def attach(divergence: Divergence, op: OpDivergence) -> None:
     """Name ``op`` as the divergence's op; its kind, where the op and its function say one."""
     divergence.op = op
-    named = _op_fields(op.a or op.b)
-    divergence.kind = op_kind(named["name"], named["function"], divergence.kind) or divergence.kind
+    name, function = (op.name, op.function) if op.name is not None else (op.name_b, op.function_b)
+    divergence.kind = op_kind(name or "", function or "", divergence.kind) or divergence.kind
 
 
 def own_code(divergence: Divergence) -> bool:
@@ -125,11 +96,10 @@ def _first_op(ops_a: list[list[Record]], ops_b: list[list[Record]],
         op_b = ops_b[position] if position < len(ops_b) else None
         if op_a is None or op_b is None or _op_fields(op_a[0])["name"] != _op_fields(op_b[0])["name"] \
                 or [r.sub for r in op_a] != [r.sub for r in op_b]:
-            return OpDivergence(op_a[0] if op_a else None, op_b[0] if op_b else None, None)
+            return _found(op_a[0] if op_a else None, op_b[0] if op_b else None, parted=True)
         for ra, rb in zip(op_a, op_b):
-            comparison = comparator.compare(Pair(name=ra.name, a=Side([ra]), b=Side([rb])))
-            if comparison.diverged:
-                return OpDivergence(ra, rb, comparison)
+            if comparator.compare(Pair(name=ra.name, a=Side([ra]), b=Side([rb]))).diverged:
+                return _found(ra, rb, parted=False)
     return None
 
 

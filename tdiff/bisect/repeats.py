@@ -7,26 +7,15 @@ first in run-1's execution order (the op that is not repeatable), with the runs 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
-from tdiff.bisect.result import BisectResult
+from tdiff.bisect.result import BisectResult, RepeatsSection
 from tdiff.bisect.walk import bisect_dumps
 from tdiff.compare.metrics import EXACT, Tolerance
 from tdiff.compare.pairing import Pairing
 from tdiff.errors import TdiffError
 from tdiff.store import open_dump
 from tdiff.store.repeats import REPEAT_FILE, read_repeat_index
-
-
-@dataclass
-class RepeatsSection:
-    runs: list[str]
-    reference: str
-    differing: list[str]
-
-    def to_json(self) -> dict:
-        return {"runs": self.runs, "reference": self.reference, "differing": self.differing}
 
 
 def bisect_repeats(path: str | Path, *, tolerance: Tolerance = EXACT, allow_incomplete: bool = False,
@@ -48,14 +37,14 @@ def bisect_repeats(path: str | Path, *, tolerance: Tolerance = EXACT, allow_inco
     located = [(run, result) for run, result in differing if result.first_divergence is not None]
     if located:
         def first_in_reference_order(item):
-            record = item[1].first_divergence.comparison.record
+            record = item[1].first_divergence.first.record
             return (record.step, record.rank, record.seq)
 
         chosen = min(located, key=first_in_reference_order)[1]
     else:
         chosen = results[0][1]
     chosen.checked = sum(result.checked for _, result in results)
-    chosen.missing = sum(result.missing for _, result in results)
+    chosen.status = "diverged" if differing else "match"
     chosen.notes = list(dict.fromkeys(note for _, result in results for note in result.notes))
     chosen.repeats = RepeatsSection(runs=[run.name for run in runs], reference=runs[0].name,
                                     differing=[run.name for run, _ in differing])

@@ -8,7 +8,7 @@
                           "metrics": {"max_abs": 0.0156, "max_ulp": 1, "max_ulp_at_scale": 0.5,
                                       "mismatch_fraction": 0.39, "cosine": 0.99999},
                           "description": "...", "call": 0, "rank": 0, "reason": null,
-                          "op": null},
+                          "token": null, "op": null},
      "checked": 75,
      "trail": [{"name": "model.layers.1", "module": "model.layers.1", ...}, ...]}
 
@@ -16,97 +16,254 @@
 "output" (the module's inputs match, its output does not, nothing recorded inside it differs),
 "between" (the code of ``module``'s own forward between two recorded events), or "input" (the
 first differing event is an input whose producer was not recorded: ``introduced`` is false).
-Online runs add ``runs``, ``--graft`` adds ``graft``, repeats add ``repeats``.
+Online runs add ``runs``, ``--graft`` adds ``graft``, repeats add ``repeats``, ``--try`` adds ``trials``.
+
+The result holds what its JSON holds, so ``BisectResult.from_json(r.to_json()) == r``; what the
+bisection that made it still needs (the first differing tensor's records, for the region to capture
+and the console's full description) rides along outside that equality, and is None once read back.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
 
+from tdiff.bisect.runs import RunLog
 from tdiff.compare.engine import Comparison
 from tdiff.compare.metrics import json_number
-from tdiff.vocab.paths import layer_of
-
-if TYPE_CHECKING:  # for annotations only: graft and repeats import this module
-    from tdiff.bisect.graft import GraftVerdict
-    from tdiff.bisect.ops import OpDivergence
-    from tdiff.bisect.repeats import RepeatsSection
-    from tdiff.bisect.runs import RunLog
-    from tdiff.source_patcher.trial import TrialReport
+from tdiff.source_patcher.trial import TrialReport
+from tdiff.vocab.paths import ROOT_LABEL, layer_of
 
 
-def metrics_json(comparison: Comparison | None) -> dict:
-    m = comparison.metrics if comparison is not None else None
-    if m is None:
-        return {"max_abs": None, "max_ulp": None, "max_ulp_at_scale": None, "mismatch_fraction": None,
-                "outside_fraction": None, "cosine": None}
-    return {"max_abs": json_number(m.max_abs), "max_ulp": m.max_ulp,
-            "max_ulp_at_scale": json_number(m.max_ulp_at_scale),
-            "mismatch_fraction": json_number(m.mismatch_fraction),
-            "outside_fraction": json_number(m.outside_fraction), "cosine": json_number(m.cosine)}
+@dataclass
+class Metrics:
+    """A tensor's metrics as the JSON carries them: NaN as None, infinities as "inf"/"-inf"; all
+    None where only fingerprints were compared."""
+
+    max_abs: float | str | None = None
+    max_ulp: int | None = None
+    max_ulp_at_scale: float | str | None = None
+    mismatch_fraction: float | str | None = None
+    outside_fraction: float | str | None = None
+    cosine: float | str | None = None
+
+    @classmethod
+    def of(cls, comparison: Comparison | None) -> Metrics:
+        m = comparison.metrics if comparison is not None else None
+        if m is None:
+            return cls()
+        return cls(max_abs=json_number(m.max_abs), max_ulp=m.max_ulp,
+                   max_ulp_at_scale=json_number(m.max_ulp_at_scale),
+                   mismatch_fraction=json_number(m.mismatch_fraction),
+                   outside_fraction=json_number(m.outside_fraction), cosine=json_number(m.cosine))
+
+    def to_json(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Metrics:
+        return cls(**{f.name: data[f.name] for f in fields(cls)})
+
+
+def _fields_to_json(result: Any) -> dict:
+    """The compared fields of a result dataclass, in order, nested results as their JSON."""
+    return {f.name: _to_json(getattr(result, f.name)) for f in fields(result) if f.compare}
+
+
+def _to_json(value: Any) -> Any:
+    return value.to_json() if hasattr(value, "to_json") else value
+
+
+def _fields_from_json(cls: Any, data: dict, **nested: Any) -> dict:
+    """Constructor arguments of ``cls`` read from its JSON: a field with a default (an optional one,
+    added later) reads as its default when the JSON lacks it; ``nested`` holds those already read."""
+    values = {}
+    for f in fields(cls):
+        if not f.compare:
+            continue
+        if f.name in nested:
+            values[f.name] = nested[f.name]
+        elif f.name in data or (f.default is MISSING and f.default_factory is MISSING):
+            values[f.name] = data[f.name]  # a required field the JSON lacks: KeyError
+    return values
 
 
 @dataclass
 class Divergence:
-    """Where the divergence is introduced, and the first tensor that shows it."""
+    """Where the divergence is introduced, and the first tensor that shows it.
+
+    New optional facts about it are fields with a default of None: they are written as null and
+    read back as None from JSON that lacks them."""
 
     name: str                   # the first differing tensor
     module: str | None          # the module (event "output"/"input") or forward ("between"), side A
     module_b: str | None
+    layer: int | None           # the decoder layer of ``module``'s call (see ``found``)
     kind: str
+    step: int
     event: str
     introduced: bool
-    comparison: Comparison      # the verdict on the first differing tensor
+    metrics: Metrics            # those of the first differing tensor
     description: str
-    module_call: int | None = None  # call index of ``module`` (for graft), when recorded
-    before: str | None = None       # module of the event before a "between" (for capture regions)
+    call: int                   # the first differing tensor's
+    rank: int
+    reason: str | None          # why its comparison has no metrics (one side only, fingerprints...)
+    # the first differing token {seq_a, seq_b, position, step_a, step_b}; None unless aligned by token
+    token: dict | None = None
     op: OpDivergence | None = None  # the op inside the culprit's call, from op records (tdiff.bisect.ops)
+    # the bisection's working state, not part of the result:
+    first: Comparison | None = field(default=None, compare=False, repr=False)  # the verdict on ``name``
+    module_call: int | None = field(default=None, compare=False)  # call index of ``module`` (for graft)
+    before: str | None = field(default=None, compare=False)  # module of the event before a "between"
 
-    @property
-    def layer(self) -> int | None:
-        """The decoder layer of ``module``'s call. A module shared by layers (SGLang's one
-        rotary_emb) is named after its first owner: its call belongs to the layer that made it,
-        which its own records (or, inside it, its children's) say."""
-        if not self.module:
-            return None
-        record = self.comparison.record
-        if record.role != "explicit" and record.module == self.module:
-            return self.comparison.layer
-        if record.layer is not None and record.module.startswith(self.module + "."):
-            return record.layer     # a child of a call that was attributed to its caller's layer
-        return layer_of(self.module)
-
-    @property
-    def step(self) -> int:
-        return self.comparison.record.step
+    @classmethod
+    def found(cls, *, name: str, module: str | None, module_b: str | None, kind: str, event: str,
+              introduced: bool, comparison: Comparison, description: str, module_call: int | None = None,
+              before: str | None = None) -> Divergence:
+        record = comparison.record
+        return cls(name=name, module=module, module_b=module_b, layer=_layer(module, comparison), kind=kind,
+                   step=record.step, event=event, introduced=introduced, metrics=Metrics.of(comparison),
+                   description=description, call=record.call, rank=record.rank, reason=comparison.reason,
+                   token=_first_token(comparison), first=comparison, module_call=module_call, before=before)
 
     def to_json(self) -> dict:
-        record = self.comparison.record
-        return {"name": self.name, "module": self.module, "module_b": self.module_b,
-                "layer": self.layer, "kind": self.kind, "step": record.step, "event": self.event,
-                "introduced": self.introduced, "metrics": metrics_json(self.comparison),
-                "description": self.description, "call": record.call, "rank": record.rank,
-                "reason": self.comparison.reason, "op": self.op.to_json() if self.op else None}
+        return _fields_to_json(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> Divergence:
+        op = OpDivergence.from_json(data["op"]) if data.get("op") is not None else None
+        return cls(**_fields_from_json(cls, data, metrics=Metrics.from_json(data["metrics"]), op=op))
+
+
+@dataclass
+class OpDivergence:
+    """The op of the culprit's call where the two runs part (tdiff.bisect.ops): side A's op
+    (``name`` ``aten::mul.Tensor``, its ``index`` in the call, the ``function`` and ``source``
+    file:line that ran it) and side B's (``_b``); a side whose ops ended first has None.
+    ``parted``: the op sequences part there; else the op's inputs match and its output differs."""
+
+    name: str | None
+    index: int | None
+    function: str | None
+    source: str | None
+    name_b: str | None
+    index_b: int | None
+    function_b: str | None
+    source_b: str | None
+    parted: bool
+
+    def describe(self) -> str:
+        side_a = _describe_op(self.name, self.index, self.function, self.source)
+        if not self.parted:
+            return f"op {side_a}: its inputs match, its output differs"
+        side_b = _describe_op(self.name_b, self.index_b, self.function_b, self.source_b)
+        return f"the op sequences part at op {side_a} on side A and op {side_b} on side B"
+
+    def to_json(self) -> dict:
+        return _fields_to_json(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> OpDivergence:
+        return cls(**_fields_from_json(cls, data))
+
+
+def _describe_op(name: str | None, index: int | None, function: str | None, source: str | None) -> str:
+    if name is None:
+        return "(none: its ops ended)"
+    return f"#{index} {name} in " + (f"{function} ({source})" if function else "an unknown caller")
+
+
+def _first_token(comparison: Comparison) -> dict | None:
+    tokens = comparison.tokens
+    first = tokens.first_differing if tokens is not None else None
+    return first.to_json() if first is not None else None
+
+
+def _layer(module: str | None, comparison: Comparison) -> int | None:
+    """The decoder layer of ``module``'s call. A module shared by layers (SGLang's one rotary_emb)
+    is named after its first owner: its call belongs to the layer that made it, which its own
+    records (or, inside it, its children's) say."""
+    if not module:
+        return None
+    record = comparison.record
+    if record.role != "explicit" and record.module == module:
+        return comparison.layer
+    if record.layer is not None and record.module.startswith(module + "."):
+        return record.layer     # a child of a call that was attributed to its caller's layer
+    return layer_of(module)
 
 
 @dataclass
 class TrailEntry:
     """An enclosing module whose output diverged too."""
 
+    name: str
     module: str
     module_b: str | None
+    layer: int | None
     kind: str
-    comparison: Comparison
+    metrics: Metrics
+
+    @classmethod
+    def found(cls, *, module: str, module_b: str | None, kind: str, comparison: Comparison) -> TrailEntry:
+        return cls(name=comparison.name, module=module, module_b=module_b, layer=comparison.layer, kind=kind,
+                   metrics=Metrics.of(comparison))
 
     def to_json(self) -> dict:
-        return {"name": self.comparison.name, "module": self.module, "module_b": self.module_b,
-                "layer": self.comparison.layer, "kind": self.kind,
-                "metrics": metrics_json(self.comparison)}
+        return _fields_to_json(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> TrailEntry:
+        return cls(**_fields_from_json(cls, data, metrics=Metrics.from_json(data["metrics"])))
+
+
+@dataclass
+class GraftVerdict:
+    module: str
+    module_b: str
+    step: int
+    call: int
+    verdict: str
+    metrics: Metrics            # of B's grafted output against A's output
+    run: str
+
+    @property
+    def description(self) -> str:
+        if self.verdict == "op_differs":
+            return f"`{self.module or ROOT_LABEL}` differs on identical inputs: the op itself differs"
+        return (f"`{self.module or ROOT_LABEL}` matches on side A's inputs: only its inputs differed, "
+                "it did not introduce the divergence")
+
+    def to_json(self) -> dict:
+        return {"module": self.module, "module_b": self.module_b, "step": self.step, "call": self.call,
+                "verdict": self.verdict, "description": self.description,
+                "metrics": self.metrics.to_json(), "run": self.run}
+
+    @classmethod
+    def from_json(cls, data: dict) -> GraftVerdict:
+        return cls(module=data["module"], module_b=data["module_b"], step=data["step"], call=data["call"],
+                   verdict=data["verdict"], metrics=Metrics.from_json(data["metrics"]), run=data["run"])
+
+
+@dataclass
+class RepeatsSection:
+    runs: list[str]
+    reference: str
+    differing: list[str]
+
+    def to_json(self) -> dict:
+        return {"runs": self.runs, "reference": self.reference, "differing": self.differing}
+
+    @classmethod
+    def from_json(cls, data: dict) -> RepeatsSection:
+        return cls(runs=data["runs"], reference=data["reference"], differing=data["differing"])
 
 
 @dataclass
 class BisectResult:
+    # "diverged" with a first divergence, or without one when tensors are missing on one side
+    # (they differ, as compare counts them, though no op can be named: the notes say how many)
+    status: str
     first_divergence: Divergence | None
     checked: int
     trail: list[TrailEntry] = field(default_factory=list)
@@ -117,12 +274,6 @@ class BisectResult:
     graft: GraftVerdict | None = None
     repeats: RepeatsSection | None = None
     trials: TrialReport | None = None  # `--try`: candidate fixes for the culprit (tdiff.source_patcher)
-    missing: int = 0                # tensors an incomplete dump lacks on one side (not compared; in notes)
-
-    @property
-    def status(self) -> str:
-        # tensors missing on one side differ, as compare counts them, though no op can be named
-        return "match" if self.first_divergence is None and not self.missing else "diverged"
 
     @property
     def exit_code(self) -> int:
@@ -138,3 +289,16 @@ class BisectResult:
             if section is not None:
                 out[key] = section.to_json()
         return out
+
+    @classmethod
+    def from_json(cls, data: dict) -> BisectResult:
+        first = data["first_divergence"]
+
+        def section(key, kind):
+            return kind.from_json(data[key]) if key in data else None
+
+        return cls(status=data["status"], first_divergence=Divergence.from_json(first) if first else None,
+                   checked=data["checked"], trail=[TrailEntry.from_json(t) for t in data["trail"]],
+                   tolerance=data["tolerance"], sides=data["sides"], notes=data["notes"],
+                   runs=section("runs", RunLog), graft=section("graft", GraftVerdict),
+                   repeats=section("repeats", RepeatsSection), trials=section("trials", TrialReport))

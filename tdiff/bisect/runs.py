@@ -7,12 +7,12 @@ is what `tdiff bisect` prints: how many runs each side took, and why each one wa
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tdiff.errors import DumpError, TdiffError
+from tdiff.launch import CaptureConfig, GraftSpec, failure, run_command
 from tdiff.store import Dump, open_dump
 
 SIDES = ("A", "B")
@@ -35,6 +35,11 @@ class Run:
         return {"side": self.side, "number": self.number, "purpose": self.purpose, "why": self.why,
                 "outcome": self.outcome, "path": str(self.path)}
 
+    @classmethod
+    def from_json(cls, data: dict) -> Run:
+        return cls(side=data["side"], number=data["number"], purpose=data["purpose"], why=data["why"],
+                   path=Path(data["path"]), outcome=data["outcome"])
+
 
 @dataclass
 class RunLog:
@@ -53,6 +58,11 @@ class RunLog:
         return {"a": self.count("A"), "b": self.count("B"), "strategy": self.strategy,
                 "boundaries": self.boundaries, "log": [run.to_json() for run in self.runs]}
 
+    @classmethod
+    def from_json(cls, data: dict) -> RunLog:
+        return cls(runs=[Run.from_json(run) for run in data["log"]], boundaries=data["boundaries"],
+                   strategy=data["strategy"])
+
 
 class Runner:
     """Runs ``commands[side]`` (a shell command line) under capture into ``work``."""
@@ -64,29 +74,20 @@ class Runner:
         self.log = RunLog()
 
     def capture(self, side: str, purpose: str, why: str, *, mode: str, select=(), exclude=(),
-                steps: str | None = None, graft: dict | None = None, ops=()) -> tuple[Run, Dump]:
-        from tdiff.hooks.run import run_captured
-
+                steps: str | None = None, graft: GraftSpec | None = None, ops=()) -> tuple[Run, Dump]:
         number = self.log.count(side) + 1
         name = f"{side.lower()}{number}-{purpose.replace(' ', '-')}"
         run = Run(side, number, purpose, why, self.work / name)
         self.log.runs.append(run)
         self.echo(f"run {run.label} ({purpose}): {why}")
-        config = {"side": f"{side}{number}", "select": list(select), "exclude": list(exclude),
-                  "steps": steps, "mode": mode, "graft": graft, "ops": list(ops)}
+        config = CaptureConfig(out=run.path, side=f"{side}{number}", mode=mode, select=tuple(select),
+                               exclude=tuple(exclude), steps=steps, graft=graft, ops=tuple(ops))
         output = self.work / f"{name}.log"
-        with open(output, "wb") as sink:
-            returncode = run_captured(["/bin/sh", "-c", self.commands[side]], run.path, config,
-                                      stdout=sink, stderr=subprocess.STDOUT)
+        returncode = run_command(["/bin/sh", "-c", self.commands[side]], capture=config, log=output)
         if returncode != 0:
-            raise TdiffError(f"run {run.label} ({purpose}) failed: the command exited with "
-                             f"{returncode}{_last_line(output)}; its output is in {output}")
+            raise TdiffError(f"run {run.label} ({purpose}) failed: {failure(returncode, output)}; "
+                             f"its output is in {output}")
         try:
             return run, open_dump(run.path)
         except DumpError as exc:
             raise TdiffError(f"run {run.label} ({purpose}) captured nothing usable: {exc}") from None
-
-
-def _last_line(path: Path) -> str:
-    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
-    return f" ({lines[-1].strip()[:200]})" if lines else ""

@@ -58,11 +58,12 @@ def bisect_dumps(dump_a: Dump | str | Path, dump_b: Dump | str | Path, *,
         first = _first_divergent(stream, comparator)
         if first is not None:
             found.append((first[1].record.step, stream.key[0], stream, *first))
-    result = BisectResult(first_divergence=None, checked=comparator.compared,
+    result = BisectResult(status="diverged" if found or missing else "match", first_divergence=None,
+                          checked=comparator.compared,
                           tolerance=tolerance.describe(),
                           sides={"a": str(a.path), "b": str(b.path)},
-                          notes=_notes(a, b) + _missing_notes(missing) + _left_out_notes(pairing),
-                          missing=len(missing))
+                          notes=_notes(a, b) + _missing_notes(missing) + _left_out_notes(pairing)
+                          + _not_aligned_notes(pairing))
     if found:
         _, _, stream, index, comparison = min(found, key=lambda f: f[:2])
         result.first_divergence, result.trail = _locate(stream, index, comparison, comparator)
@@ -94,6 +95,17 @@ def _left_out_notes(pairing: Pairing | None) -> list[str]:
     return [f"{left_out:,} tensor(s) left out by --select/--exclude were not compared"] if left_out else []
 
 
+def _not_aligned_notes(pairing: Pairing | None) -> list[str]:
+    """Runs aligned by token: the tensors without a row per token were not events (a decode step's
+    mask over the cache, an op whose shape differs between decode and prefill)."""
+    not_aligned = getattr(getattr(pairing, "alignment", None), "not_aligned", None)
+    if not not_aligned:
+        return []
+    name, reason = not_aligned[0]
+    return [(f"aligned by token: {len(not_aligned):,} tensor(s) without a row per token were not compared, "
+            f"first {name} ({reason})")]
+
+
 def _first_divergent(stream: Stream, comparator: EventComparator) -> tuple[int, Comparison] | None:
     for index, pair in enumerate(stream.pairs):
         comparison = comparator.compare(pair)
@@ -112,7 +124,7 @@ def _locate(stream: Stream, index: int, comparison: Comparison,
     if event.role == "output":
         divergence = _at_output(stream, index, comparison)
     elif event.role == "input" and (event.depth == 0 or previous_at_level(stream, index) is None):
-        divergence = Divergence(
+        divergence = Divergence.found(
             name=pair.name, module=event.module, module_b=event_b.module if event_b else None,
             kind=_pair_kind(pair), event="input", introduced=False, comparison=comparison,
             description=f"`{_path(event.module)}` input differs and the code that made it was not "
@@ -132,18 +144,18 @@ def _at_output(stream: Stream, index: int, comparison: Comparison) -> Divergence
     module, module_b = event.module, pair.b.record.module if pair.b is not None else None
     child = last_child_event(stream, index)
     if child is None:
-        return Divergence(name=pair.name, module=module, module_b=module_b, kind=_pair_kind(pair),
-                          event="output", introduced=True, comparison=comparison,
-                          description=f"`{_path(module)}`: its inputs match, its output differs",
-                          module_call=event.call)
+        return Divergence.found(name=pair.name, module=module, module_b=module_b, kind=_pair_kind(pair),
+                                event="output", introduced=True, comparison=comparison,
+                                description=f"`{_path(module)}`: its inputs match, its output differs",
+                                module_call=event.call)
     kind = between_kind(parent=module, parent_kind=_pair_kind(pair),
                         before=_event_kind(stream, child, module), after=None)
-    return Divergence(name=pair.name, module=module, module_b=module_b, kind=kind, event="between",
-                      introduced=True, comparison=comparison,
-                      description=f"in `{_path(module)}` forward, between "
-                                  f"{_describe(stream, child, module)} and its output "
-                                  "(everything recorded inside it matches)",
-                      module_call=event.call, before=stream.record(child).module)
+    return Divergence.found(name=pair.name, module=module, module_b=module_b, kind=kind, event="between",
+                            introduced=True, comparison=comparison,
+                            description=f"in `{_path(module)}` forward, between "
+                                        f"{_describe(stream, child, module)} and its output "
+                                        "(everything recorded inside it matches)",
+                            module_call=event.call, before=stream.record(child).module)
 
 
 def _between_events(stream: Stream, index: int, comparison: Comparison,
@@ -166,7 +178,7 @@ def _between_events(stream: Stream, index: int, comparison: Comparison,
     where = f"in `{_path(parent)}` forward" if parent is not None else "outside any module"
     since = _describe(stream, before, parent) if before is not None else "the start of the capture"
     before_record = stream.record(before) if before is not None else None
-    return Divergence(
+    return Divergence.found(
         name=pair.name, module=parent,
         module_b=parent_of(pair.b.record) if pair.b is not None else None, kind=kind,
         event="between", introduced=before is not None, comparison=comparison,
@@ -182,9 +194,9 @@ def _trail(stream: Stream, calls: list[list[int]], comparator: EventComparator) 
             pair = stream.pairs[j]
             comparison = comparator.compare(pair)
             if comparison.diverged:
-                trail.append(TrailEntry(module=pair.record.module,
-                                        module_b=pair.b.record.module if pair.b else None,
-                                        kind=_pair_kind(pair), comparison=comparison))
+                trail.append(TrailEntry.found(module=pair.record.module,
+                                              module_b=pair.b.record.module if pair.b else None,
+                                              kind=_pair_kind(pair), comparison=comparison))
                 break
     return trail
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from tdiff.cli.options import quiet_option
+from tdiff.cli.options import batch_row_option, capture_selection_options, check_capture_selection, quiet_option
 from tdiff.errors import TdiffError
 from tdiff.store.manifest import DATA_DIR, DUMP_FILE, MANIFEST_DIR, STORAGES, describe_exit, read_part
 from tdiff.vocab.parse import parse_size
@@ -20,10 +20,7 @@ from tdiff.vocab.parse import parse_size
 @click.option("--out", "-o", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Dump directory to create.")
 @click.option("--side", help="Label of this run in reports (default: the directory name).")
-@click.option("--select", multiple=True, metavar="REGEX", help="Record only modules whose path matches (repeatable).")
-@click.option("--exclude", multiple=True, metavar="REGEX", help="Skip modules and dumps whose name matches (repeatable).")
-@click.option("--layers", metavar="RANGES", help="Record only these decoder layers, e.g. 0-3,7.")
-@click.option("--steps", metavar="RANGES", help="Record only these steps (forward passes), e.g. 0-1.")
+@capture_selection_options()
 @click.option("--ops", multiple=True, metavar="REGEX",
               help="Inside the forward of modules whose path matches, record every ATen op's output too, "
                    "with its function and source line (repeatable; docs/BISECT.md).")
@@ -33,9 +30,7 @@ from tdiff.vocab.parse import parse_size
               show_default=True, help="Tensor file format.")
 @click.option("--max-pending", default="2GiB", show_default=True, metavar="SIZE",
               help="Host memory pending writes may hold; capture waits at the cap.")
-@click.option("--batch-row", type=click.IntRange(min=0), metavar="N",
-              help="Record only row N of tensors whose leading dimension is the batch size (one "
-                   "sequence of a batch, to compare with it scored alone).")
+@batch_row_option()
 @click.option("--graph-budget", default="1GiB", show_default=True, metavar="SIZE",
               help="GPU memory for the static buffers that record tensors inside CUDA graphs; past "
                    "it, the rest of a graph is recorded as statistics (see docs/GPU.md).")
@@ -59,38 +54,30 @@ def capture(out, side, select, exclude, layers, steps, ops, mode, storage, max_p
     Each process (rank) writes its own manifest and shards into --out. Exit status: the
     command's own when it fails, 2 when nothing was captured, 3 when tdiff itself failed, else 0.
     """
-    from tdiff.hooks.run import run_captured
+    from dataclasses import replace
+
+    from tdiff.launch import CaptureConfig, exit_status, run_command
     from tdiff.vocab.parse import compile_patterns
 
-    compile_patterns(select, "--select")
-    compile_patterns(exclude, "--exclude")
+    check_capture_selection(select, exclude, layers, steps)
     compile_patterns(ops, "--ops")
-    config = {"side": side or out.name, "select": list(select), "ops": list(ops),
-              "exclude": list(exclude), "layers": _ranges_text(layers, "--layers"),
-              "steps": _ranges_text(steps, "--steps"), "mode": mode, "storage": storage,
-              "max_pending_bytes": parse_size(max_pending, "--max-pending"), "batch_row": batch_row,
-              "graph_budget_bytes": parse_size(graph_budget, "--graph-budget")}
+    config = CaptureConfig(out=out, side=side or out.name, mode=mode, storage=storage, select=tuple(select),
+                           exclude=tuple(exclude), layers=layers, steps=steps, batch_row=batch_row,
+                           max_pending_bytes=parse_size(max_pending, "--max-pending"),
+                           graph_budget_bytes=parse_size(graph_budget, "--graph-budget"), ops=tuple(ops))
     _prepare_out(out, force)
     if repeat == 1:
-        runs = [(out, config)]
+        runs = [config]
     else:
         from tdiff.store.repeats import write_repeat_index
 
-        runs = [(run, {**config, "side": f"{config['side']} {run.name}"})
+        runs = [replace(config, out=run, side=f"{config.side} {run.name}")
                 for run in write_repeat_index(out, repeat, list(command))]
-    for run_out, run_config in runs:
-        returncode = run_captured(list(command), run_out, run_config)
-        _summarize(run_out, returncode, quiet)
+    for run in runs:
+        returncode = run_command(list(command), capture=run)
+        _summarize(run.out, returncode, quiet)
         if returncode != 0:
-            # like a shell: a command killed by signal N exits 128 + N
-            sys.exit(returncode if returncode > 0 else 128 - returncode)
-
-
-def _ranges_text(text: str | None, what: str) -> str | None:
-    from tdiff.vocab.parse import parse_ranges
-
-    parse_ranges(text, what)  # validate before the command starts
-    return text
+            sys.exit(exit_status(returncode))
 
 
 def _prepare_out(out: Path, force: bool) -> None:

@@ -7,23 +7,25 @@ import sys
 
 import click
 
-from tdiff.cli.options import name_filter_options, quiet_option, tolerance_from, tolerance_options
+from tdiff.cli.options import (align_option, allow_incomplete_option, dumps_from, json_option, layer_option,
+                               mapping_option, name_filter_options, quiet_option, tolerance_from, tolerance_options)
 
 
 @click.command()
 @click.argument("dump_a", metavar="A")
 @click.argument("dump_b", metavar="B")
-@click.option("--layer", type=int, metavar="N", help="Only tensors of decoder layer N.")
+@layer_option()
 @name_filter_options
 @tolerance_options
-@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@json_option
 @click.option("--top", type=int, default=50, show_default=True,
               help="Show at most K rows: the K worst divergences and the first one (0: all).")
-@click.option("--allow-incomplete", is_flag=True, help="Compare what an incomplete dump holds.")
-@click.option("--mapping", type=click.Path(dir_okay=False), metavar="FILE",
-              help="YAML mapping of module paths to canonical boundaries, for models no adapter knows.")
+@allow_incomplete_option()
+@mapping_option
+@align_option
 @quiet_option
-def compare(dump_a, dump_b, layer, select, exclude, exact, atol, rtol, as_json, top, allow_incomplete, mapping, quiet):
+def compare(dump_a, dump_b, layer, select, exclude, exact, atol, rtol, as_json, top, allow_incomplete, mapping, align,
+            quiet):
     """Compare dumps A and B tensor by tensor.
 
     Dumps of one framework with one parallel layout pair tensors by name, step, call index, role
@@ -31,22 +33,23 @@ def compare(dump_a, dump_b, layer, select, exclude, exact, atol, rtol, as_json, 
     canonical op boundary (docs/BOUNDARIES.md): adapters picked from the model's classes
     reassemble shards and move tokens first; boundaries a framework does not expose are listed.
 
+    When both dumps carry token metadata and their steps or token layouts differ (an engine's
+    prefill and decode steps against a trainer's one forward; ragged, padded or packed), tensors
+    pair token by token (docs/ALIGNMENT.md): sequences match by their token ids, each row by
+    (sequence, position); rows show tokens equal of tokens compared. A position one side lacks
+    (the last sampled token) is listed, not a divergence. --align forces a pairing.
+
     The verdict is bitwise unless --atol/--rtol relax it. A tensor on one side only counts as a
     divergence.
 
     Exit status: 0 all tensors match, 1 a divergence, 2 bad input.
     """
-    from tdiff.align import Alignment, choose_pairing
-    from tdiff.align.render import render_alignment
     from tdiff.compare.engine import CompareOptions, compare_dumps
     from tdiff.report.console import make_console, render_compare
     from tdiff.report.progress import progress_bar
-    from tdiff.store.reader import open_dump
 
     tolerance = tolerance_from(exact, atol, rtol)
-    a = open_dump(dump_a, allow_incomplete=allow_incomplete)
-    b = open_dump(dump_b, allow_incomplete=allow_incomplete)
-    pairing = choose_pairing(a, b, mapping)
+    a, b, pairing = dumps_from(dump_a, dump_b, allow_incomplete, mapping, align)
     with progress_bar("comparing", quiet=quiet) as advance:
         report = compare_dumps(a, b, CompareOptions(tolerance=tolerance, layer=layer, select=list(select),
                                                   exclude=list(exclude)),
@@ -54,8 +57,5 @@ def compare(dump_a, dump_b, layer, select, exclude, exact, atol, rtol, as_json, 
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=1))
     else:
-        console = make_console()
-        render_compare(report, console, top=top)
-        if isinstance(report.alignment, Alignment):
-            render_alignment(report.alignment, console)
+        render_compare(report, make_console(), top=top)
     sys.exit(0 if report.status == "match" else 1)

@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import json
 import shlex
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import click
 
-from tdiff.cli.options import quiet_option, tolerance_from, tolerance_options
+from tdiff.cli.options import (batch_row_option, capture_selection_options, check_capture_selection, json_option,
+                               quiet_option, tolerance_from, tolerance_options, workdir_option)
 from tdiff.errors import TdiffError
 
 _RUN = {"ignore_unknown_options": True, "allow_interspersed_args": False}
-_CONFIG_HELP = "Patch file, or builtin / builtin:NAME,... for catalogue entries."
+_config_option = click.option("--config", "config", required=True, metavar="FILE|builtin[:NAMES]",
+                              help="Patch file, or builtin / builtin:NAME,... for catalogue entries.")
 
 
 @click.group()
@@ -28,7 +29,7 @@ def patch():
 
 
 @patch.command(context_settings=_RUN)
-@click.option("--config", "config", required=True, metavar="FILE|builtin[:NAMES]", help=_CONFIG_HELP)
+@_config_option
 @quiet_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def apply(config, quiet, command):
@@ -43,7 +44,7 @@ def apply(config, quiet, command):
     that fails there ends that process with status 2. Exit status: the command's own (3 when
     tdiff itself failed).
     """
-    from tdiff.bootstrap import child_environment
+    from tdiff.launch import exit_status, run_command
     from tdiff.source_patcher.bootstrap import child_config, read_applied_log
     from tdiff.source_patcher.catalogue import patches_from
 
@@ -51,11 +52,7 @@ def apply(config, quiet, command):
     _refuse_stale([patches])
     with tempfile.TemporaryDirectory(prefix="tdiff-patch-") as scratch:
         log = str(Path(scratch) / "applied.jsonl")
-        env = child_environment(patches=child_config(patches, applied_log=log))
-        try:
-            returncode = subprocess.run(list(command), env=env).returncode
-        except OSError as exc:
-            raise TdiffError(f"cannot run {command[0]}: {exc.strerror or exc}") from None
+        returncode = run_command(list(command), patches=child_config(patches, applied_log=log))
         applied = read_applied_log(log)
     took = sorted({entry["patch"] for entry in applied})
     never = [p.name for p in patches if p.name not in took]
@@ -65,12 +62,12 @@ def apply(config, quiet, command):
                    + (f"; never applied (target module not imported): {', '.join(never)}" if never else ""),
                    err=True)
     if returncode != 0:
-        sys.exit(returncode if returncode > 0 else 128 - returncode)
+        sys.exit(exit_status(returncode))
 
 
 @patch.command()
-@click.option("--config", "config", required=True, metavar="FILE|builtin[:NAMES]", help=_CONFIG_HELP)
-@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@_config_option
+@json_option
 @quiet_option
 def check(config, as_json, quiet):
     """Check that every patch still applies to the installed packages, running nothing.
@@ -100,22 +97,17 @@ def check(config, as_json, quiet):
 @click.option("--candidates", required=True, metavar="FILE|builtin[:NAMES]",
               help="Patch file (each patch, then each combination it lists), or catalogue entries.")
 @click.option("--baseline", required=True, metavar="DUMP_A", help="The dump run B should match.")
-@click.option("--workdir", "--work", "workdir", type=click.Path(file_okay=False, path_type=Path),
-              help="Where the runs' dumps and logs go (default: a new ./tdiff-try-* directory).")
-@click.option("--select", multiple=True, metavar="REGEX", help="Capture only these modules, as for the baseline.")
-@click.option("--exclude", multiple=True, metavar="REGEX", help="Skip these modules, as for the baseline.")
-@click.option("--layers", metavar="RANGES", help="Capture only these layers, as for the baseline.")
-@click.option("--steps", metavar="RANGES", help="Capture only these steps, as for the baseline.")
-@click.option("--batch-row", type=click.IntRange(min=0), metavar="N",
-              help="Capture only row N of COMMAND_B's batch (see `tdiff capture --batch-row`).")
+@workdir_option(" (default: a new ./tdiff-try-* directory)")
+@capture_selection_options(", as for the baseline")
+@batch_row_option("; COMMAND_B's runs only")
 @click.option("--rerun-baseline", metavar="CMD_A",
               help="Also capture side A again under each candidate (CMD_A, split like a shell) and "
                    "compare with that: for fixes both sides must share, such as batch invariance.")
 @tolerance_options
-@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@json_option
 @quiet_option
 @click.argument("command_b", nargs=-1, required=True, type=click.UNPROCESSED)
-def try_(candidates, baseline, workdir, select, exclude, layers, steps, batch_row, rerun_baseline, exact, atol,
+def try_(candidates, baseline, work, select, exclude, layers, steps, batch_row, rerun_baseline, exact, atol,
          rtol, as_json, quiet, command_b):
     """Run COMMAND_B once unpatched and once per candidate; rank the candidates against DUMP_A.
 
@@ -128,34 +120,30 @@ def try_(candidates, baseline, workdir, select, exclude, layers, steps, batch_ro
     unpatched control, then fewer mismatched tensors, then smaller max ULP.
     Exit status: 0 some candidate matches, 1 none does, 2 bad input or the control run failed.
     """
-    from tdiff.vocab.parse import compile_patterns, parse_ranges
-    from tdiff.report.console import make_console
+    from tdiff.report.console import make_console, render_trials
     from tdiff.source_patcher.catalogue import candidates_from
     from tdiff.source_patcher.trial import CaptureSelection, try_candidates
 
     tolerance = tolerance_from(exact, atol, rtol)
-    compile_patterns(select, "--select")
-    compile_patterns(exclude, "--exclude")
-    parse_ranges(layers, "--layers")
-    parse_ranges(steps, "--steps")
+    check_capture_selection(select, exclude, layers, steps)
     chosen = candidates_from(candidates)
     _refuse_stale([list(c.patches) for c in chosen])
     console = make_console(stderr=True, quiet=quiet)
 
     def progress(result, done, total):
-        where = result.first_divergence["name"] if result.first_divergence else ""
+        where = result.first_divergence.name if result.first_divergence else ""
         console.print(f"tdiff: [{done}/{total}] {result.name}: {result.status}"
                       + (f", first divergence {where}" if where else "")
                       + (f" ({result.reason})" if result.reason else ""), highlight=False, markup=False)
 
-    report = try_candidates(chosen, baseline, list(command_b), workdir=workdir, tolerance=tolerance,
+    report = try_candidates(chosen, baseline, list(command_b), workdir=work, tolerance=tolerance,
                             selection=CaptureSelection(list(select), list(exclude), layers, steps, batch_row),
                             baseline_command=shlex.split(rerun_baseline) if rerun_baseline else None,
                             progress=progress)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=1))
     else:
-        _render(report, make_console())
+        render_trials(report, make_console())
     sys.exit(0 if report.matched else 1)
 
 
@@ -180,38 +168,3 @@ def _stale_message(stale, total: int) -> str:
     return (f"{len(stale)} of {total} patch(es) no longer apply: patch {first.patch.name!r} "
             f"({first.patch.target}, {first.patch.origin}): {first.reason}{more}")
 
-
-def _render(report, console) -> None:
-    from rich.table import Table
-    from rich.text import Text
-
-    from tdiff.report.console import fmt_number
-
-    control = report.control
-    console.print(f"baseline {report.baseline}; runs and logs in {report.workdir} ({report.tolerance})",
-                  highlight=False)
-    table = Table(title_justify="left", show_lines=False)
-    for column in ("rank", "candidate", "status", "first divergence", "moved", "mismatched", "max ULP"):
-        table.add_column(column, justify="right" if column in ("rank", "moved", "mismatched", "max ULP") else "left",
-                         overflow="fold")
-    rows = [("-", control)] + [(str(i), r) for i, r in enumerate(report.candidates, 1)]
-    for rank, r in rows:
-        style = {"match": "green", "diverged": "", "error": "red"}[r.status]
-        name = "(control, unpatched)" if r is control else r.name
-        if r is not control and r.patches and not r.applied and r.status != "error":
-            name += " (never applied)"
-        first = r.first_divergence["name"] if r.first_divergence else (r.reason or "")
-        moved = "" if r is control else (f"{r.moved_by:+d}" if r.moved_by is not None else "")
-        table.add_row(rank, Text(name), Text(r.status, style=style), Text(first), moved,
-                      fmt_number(r.mismatched), fmt_number(r.max_ulp))
-    console.print(table)
-    best = report.best
-    if best is None:
-        console.print("no candidate ran to the end: see the logs", highlight=False)
-    elif best.status == "match":
-        console.print(f"best: {best.name} (matches the baseline; the unpatched control {control.status})",
-                      highlight=False)
-    else:
-        console.print(f"no candidate matches; closest: {best.name} (first divergence moved "
-                      f"{best.moved_by:+d} tensors)" if best.moved_by is not None else
-                      f"no candidate matches; closest: {best.name}", highlight=False)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from tdiff.cli.options import quiet_option, tolerance_from, tolerance_options
+from tdiff.cli.options import (allow_incomplete_option, dumps_from, layer_option, mapping_option, quiet_option,
+                               tolerance_from, tolerance_options)
 from tdiff.errors import TdiffError
 
 
@@ -19,8 +20,7 @@ from tdiff.errors import TdiffError
               help="md: for a pull request; html: one self-contained file with plots; json: every row.")
 @click.option("--out", "-o", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
               help="Write the report to FILE (default: standard output).")
-@click.option("--layer", type=int, metavar="N",
-              help="Only tensors of decoder layer N (--bisect still walks every layer).")
+@layer_option(" (--bisect still walks every layer)")
 @click.option("--bisect", "with_bisect", is_flag=True,
               help="Also bisect to the op that introduces the divergence.")
 @click.option("--patch-results", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
@@ -28,9 +28,8 @@ from tdiff.errors import TdiffError
 @click.option("--gh-comment", is_flag=True,
               help="Print the Markdown with a marker line, ready for `gh pr comment -F -`.")
 @tolerance_options
-@click.option("--allow-incomplete", is_flag=True, help="Report on what an incomplete dump holds.")
-@click.option("--mapping", type=click.Path(dir_okay=False), metavar="FILE",
-              help="YAML mapping of module paths to canonical boundaries, for models no adapter knows.")
+@allow_incomplete_option()
+@mapping_option
 @quiet_option
 def report(dump_a, dump_b, fmt, out, layer, with_bisect, patch_results, gh_comment, exact, atol, rtol,
            allow_incomplete, mapping, quiet):
@@ -48,12 +47,10 @@ def report(dump_a, dump_b, fmt, out, layer, with_bisect, patch_results, gh_comme
 
     Exit status: 0 match, 1 divergence (the report is written either way), 2 bad input.
     """
-    from tdiff.align import choose_pairing
     from tdiff.bisect import bisect_dumps
     from tdiff.compare.engine import CompareOptions, compare_dumps
     from tdiff.report.model import build_report
     from tdiff.report.progress import progress_bar
-    from tdiff.store.reader import open_dump
 
     if gh_comment and (fmt != "md" or out is not None):
         raise TdiffError("--gh-comment prints Markdown on standard output; drop --format/--out")
@@ -63,15 +60,13 @@ def report(dump_a, dump_b, fmt, out, layer, with_bisect, patch_results, gh_comme
         from tdiff.report.plots import require_matplotlib
 
         require_matplotlib()  # fail before the work when matplotlib is missing
-    a = open_dump(dump_a, allow_incomplete=allow_incomplete)
-    b = open_dump(dump_b, allow_incomplete=allow_incomplete)
-    pairing = choose_pairing(a, b, mapping)
+    a, b, pairing = dumps_from(dump_a, dump_b, allow_incomplete, mapping)
     with progress_bar("comparing", quiet=quiet) as advance:
         compared = compare_dumps(a, b, CompareOptions(tolerance=tolerance, layer=layer),
                                  pairing=pairing, progress=advance)
-    bisected = bisect_dumps(a, b, tolerance=tolerance, pairing=pairing).to_json() if with_bisect else None
+    bisected = bisect_dumps(a, b, tolerance=tolerance, pairing=pairing) if with_bisect else None
     with progress_bar("writing the report", quiet=quiet):
-        result = build_report(compared, pairing=pairing, bisect=bisected, patch_results=patches)
+        result = build_report(compared, bisect=bisected, patch_results=patches)
         text = _render(result, fmt, gh_comment)
     if out is None:
         click.echo(text, nl=False)
@@ -97,7 +92,7 @@ def _render(result, fmt: str, gh_comment: bool) -> str:
     return render_markdown(result, gh_comment=gh_comment)
 
 
-def _read_patch_results(path: Path) -> dict:
+def _read_patch_results(path: Path):
     from tdiff.report.model import read_patch_results
     from tdiff.store.files import read_regular
 

@@ -17,6 +17,7 @@ from typing import Protocol
 
 from tdiff.compare.metrics import EXACT, TensorMetrics, Tolerance, compare_tensors, json_number
 from tdiff.compare.pairing import NameFilter, NamePairing, Pair, Pairing, Side
+from tdiff.compare.tokens import TokenVerdict, token_verdict
 from tdiff.errors import TdiffError
 from tdiff.store import Dump, Record
 from tdiff.store.dtypes import torch_dtype
@@ -40,6 +41,7 @@ class Comparison:
     kind: str | None = None
     plan_a: list[str] = field(default_factory=list)
     plan_b: list[str] = field(default_factory=list)
+    tokens: TokenVerdict | None = None   # per token, when the pair's rows are aligned tokens
 
     @property
     def diverged(self) -> bool:
@@ -74,6 +76,8 @@ class Comparison:
             out["metrics"] = self.metrics.to_json()
         if self.plan_a or self.plan_b:
             out["plan"] = {"a": self.plan_a, "b": self.plan_b}
+        if self.tokens is not None:
+            out["tokens"] = self.tokens.to_json()
         return out
 
 
@@ -95,6 +99,7 @@ class CompareReport:
     b: Dump
     options: CompareOptions
     comparisons: list[Comparison]
+    pairing: Pairing                  # how the tensors were paired: the report reloads the culprit through it
     alignment: AlignmentPlan | None = None   # how a cross-framework pairing aligned the dumps
     left_out: int = 0                 # pairs that --layer/--select/--exclude left out
 
@@ -160,7 +165,7 @@ def compare_dumps(a: Dump, b: Dump, options: CompareOptions | None = None, *,
             comparisons.append(comparison)
             if progress is not None:
                 progress(done, len(pairs))
-    return CompareReport(a, b, options, comparisons, getattr(pairing, "alignment", None),
+    return CompareReport(a, b, options, comparisons, pairing, getattr(pairing, "alignment", None),
                          left_out=len(paired) - len(pairs))
 
 
@@ -237,6 +242,8 @@ class PairComparator:
             return self._result(pair, *self._measured[cache_key])
         ta, tb = self._load(pair.a, 0), self._load(pair.b, 1)
         verdict: tuple[str, TensorMetrics | None, str | None]
+        tokens = token_verdict(ta, tb, pair.tokens, self.tolerance) \
+            if pair.tokens is not None and ta.shape == tb.shape else None
         if cache_key is not None and _same_verified_fingerprint(ra, rb):
             # loading checked both tensors against their fingerprints: equal ones are equal bits
             verdict = ("match", TensorMetrics(numel=ta.numel(), bitwise_equal=True), None)
@@ -250,7 +257,7 @@ class PairComparator:
                 verdict = ("match" if metrics.within(self.tolerance) else "mismatch", metrics, None)
         if cache_key is not None:
             self._measured[cache_key] = verdict
-        return self._result(pair, *verdict)
+        return self._result(pair, *verdict, tokens=tokens)
 
     def _load(self, side: Side, which: int):
         return side.load() if side.load is not None else self.dumps[which].load(side.record)
@@ -288,11 +295,11 @@ class PairComparator:
                             _stats_delta(ra.stats or {}, rb.stats or {}))
 
     def _result(self, pair: Pair, status: str, metrics: TensorMetrics | None = None,
-                reason: str | None = None) -> Comparison:
+                reason: str | None = None, tokens: TokenVerdict | None = None) -> Comparison:
         return Comparison(name=pair.name, status=status, a=pair.a.record if pair.a else None,
                           b=pair.b.record if pair.b else None, metrics=metrics, reason=reason,
                           kind=pair.kind, plan_a=pair.a.plan if pair.a else [],
-                          plan_b=pair.b.plan if pair.b else [])
+                          plan_b=pair.b.plan if pair.b else [], tokens=tokens)
 
 
 def _same_verified_fingerprint(a: Record, b: Record) -> bool:

@@ -273,20 +273,19 @@ class _Accumulator:
 
     def add(self, a: torch.Tensor, b: torch.Tensor, offset: int) -> None:
         self.numel += a.numel()
-        if self.same_dtype:
-            bits_a, bits_b = _bits(a), _bits(b)
-            differs = np.not_equal(bits_a, bits_b, out=_workspace.array("differs", bool, a.numel()))
+        bits = (_bits(a), _bits(b)) if self.same_dtype else None   # one dtype: its bit patterns compare
+        if bits is not None:
+            differs = np.not_equal(*bits, out=_workspace.array("differs", bool, a.numel()))
             n_differs = int(np.count_nonzero(differs))
         else:
-            bits_a = bits_b = None
             differs = np.ones(a.numel(), dtype=bool)
             n_differs = a.numel()
         av, bv = _values(a, self.wide, "a"), _values(b, self.wide, "b")
-        # NaN is masked out of av and bv below; integers keep their own values (see beyond_tolerance)
-        a_values, b_values = (a.numpy(), b.numpy()) if self.int_ulp else (av, bv)
         if av is None or bv is None:
             self._add_bits_only(differs, n_differs, offset)
             return
+        # NaN is masked out of av and bv below; integers keep their own values (see beyond_tolerance)
+        a_values, b_values = (a.numpy(), b.numpy()) if self.int_ulp else (av, bv)
         self.magnitude = max(self.magnitude, _max_magnitude(av))
         if n_differs == 0:
             square = float(np.dot(av, av))
@@ -338,7 +337,8 @@ class _Accumulator:
         with np.errstate(invalid="ignore"):
             np.divide(diff, scale, out=scale)
         self.max_rel = max(self.max_rel, float(np.nanmax(scale) if valid is not None else scale.max()))
-        if self.float_ulp:
+        if self.float_ulp and bits is not None:   # float_ulp implies one dtype, so bits
+            bits_a, bits_b = bits
             if valid is None:
                 self.max_ulp = max(self.max_ulp, _max_ulp(bits_a, bits_b))
             else:

@@ -15,6 +15,7 @@ from typing import Protocol
 
 import torch
 
+from tdiff.compare.tokens import TokenRows
 from tdiff.errors import TdiffError
 from tdiff.store import Dump, Record
 from tdiff.vocab.parse import compile_patterns
@@ -40,10 +41,14 @@ class Pair:
     b: Side | None
     kind: str | None = None       # the op boundary kind, when an adapter knows it
     note: str | None = None       # why a one-sided pair has no partner, when the pairing knows
+    tokens: TokenRows | None = None   # the token each row (dim 0) stands for, when aligned by token
 
     @property
     def record(self) -> Record:
-        return (self.a or self.b).record
+        """Side A's record, else side B's (a pair has at least one side)."""
+        side = self.a if self.a is not None else self.b
+        assert side is not None, "a pair without a side"
+        return side.record
 
 
 class Pairing(Protocol):

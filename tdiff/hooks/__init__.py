@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from tdiff.hooks.capture import Capture, active_capture
+from tdiff.hooks.active import active_capture
+from tdiff.hooks.capture import Capture
 from tdiff.hooks.cuda_graphs import graph_replayed, graph_rows, warmup
 
 
@@ -35,8 +36,14 @@ def capture(out_dir, *, side=None, select=(), exclude=(), layers=None, steps=Non
                    mode=mode, storage=storage, model=model, ops=ops, **options)
 
 
-def dump(name: str, value):
+def dump(name: str, value, *, positions=None, seq_ids=None):
     """Record ``value`` (a tensor or a nested structure of them) under ``name``; returns ``value``.
+
+    ``positions`` (an integer tensor over the value's leading token dims) gives the position each
+    row stands for, 0-based from the start of its sequence (for a log-prob: the position of the
+    token it scores); ``seq_ids`` (same shape) the index of each row's sequence in the forward just
+    run, by default the row of a 2-D ``positions`` (the element of a 1-D one). With them the rows
+    align by token against the other run (docs/ALIGNMENT.md).
 
     A no-op when no capture is active, so the call can stay in user code, and inside code that
     torch.compile compiles (which then compiles as if the call were not there).
@@ -45,8 +52,33 @@ def dump(name: str, value):
         return value
     active = active_capture()
     if active is not None:
-        active.dump(name, value)
+        active.dump(name, value, positions=positions, seq_ids=seq_ids)
     return value
+
+
+def tokens(*, input_ids, positions=None, seq_lens=None, seq_ids=None, prompt_lens=None, mask=None) -> None:
+    """Describe the tokens of a forward: called before it, the next outermost model call's;
+    called inside it, the running one's. Replaces what capture reads from the model call itself.
+
+    Args:
+        input_ids: ``[batch, seq]`` (row b is sequence b) or ``[tokens]`` (sequences one after
+            another, ragged or packed).
+        positions: same shape: each token's position, 0-based from its sequence's start
+            (default: counted from 0 in each sequence of this forward).
+        seq_lens: tokens each sequence has in this forward (a 1-D grid: cells past their sum are
+            padding; a 2-D one: real tokens at the start of each row).
+        seq_ids: one request id per sequence (text or integer), to tell apart sequences whose
+            tokens are the same (n samples of one prompt) and to follow them across steps.
+        prompt_lens: each sequence's prompt length, where no decode step tells prompt from
+            response (a prefill recompute of finished sequences).
+        mask: same shape as input_ids, true for real tokens (padding anywhere is dropped).
+    """
+    if torch.compiler.is_compiling():
+        return
+    active = active_capture()
+    if active is not None:
+        active.tokens(input_ids=input_ids, positions=positions, seq_lens=seq_lens, seq_ids=seq_ids,
+                      prompt_lens=prompt_lens, mask=mask)
 
 
 def step() -> None:
@@ -56,4 +88,4 @@ def step() -> None:
         active.advance_step(manual=True)
 
 
-__all__ = ["capture", "dump", "step", "warmup", "graph_rows", "graph_replayed", "Capture", "active_capture"]
+__all__ = ["capture", "dump", "tokens", "step", "warmup", "graph_rows", "graph_replayed", "Capture", "active_capture"]

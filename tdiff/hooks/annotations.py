@@ -75,7 +75,9 @@ def annotate(module, path: str, role: str, sub: str, tensor, annotating: str | N
     annotating framework's annotator adds."""
     framework = framework_of(type(module))
     attrs = {"framework": framework}
-    annotator = annotator_for(annotating) if annotating else None
+    if not annotating:
+        return attrs
+    annotator = annotator_for(annotating)
     if annotator is not None:
         try:
             extra = annotator(module, path, role, sub, tensor)

@@ -16,6 +16,7 @@ top level again (the next forward pass); once code calls :func:`step`, only that
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 from importlib import metadata
@@ -34,23 +35,25 @@ from tdiff.store.fingerprint import xxh3_fingerprint
 from tdiff.store.manifest import create_dump, new_part_id
 from tdiff.store.record import Record
 from tdiff.store.storage import STORAGES
+from tdiff.store.tokens import TokenBatch
 from tdiff.store.writer import DEFAULT_MAX_PENDING, DEFAULT_SHARD_BYTES, DumpWriter, Pending
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self from Python 3.11
 from tdiff.errors import TdiffError
+from tdiff.hooks.active import active_capture, set_active
 from tdiff.hooks.annotations import annotate, annotating_framework
 from tdiff.hooks.cuda_graphs import DEFAULT_GRAPH_BUDGET, GraphRecorder, install_graph_hooks
 from tdiff.hooks.device import Summarizer, host_copy
 from tdiff.hooks.naming import ModulePaths, flatten_call_inputs, flatten_tensors, tensor_name
 from tdiff.hooks.ops import OpRecorder, OpTracer
 from tdiff.hooks.selection import Selection
+from tdiff.hooks.tokens import describe_tokens, row_tokens, token_source
 from tdiff.vocab.parse import parse_ranges
 from tdiff.vocab.paths import call_layer, layer_of
 
 MODES = ("full", "stats")
 
-_active: Capture | None = None
 _original_call: Callable[..., Any] | None = None
 
 
@@ -118,6 +121,8 @@ class Capture:
         self._graphs = GraphRecorder(self, graph_budget_bytes)   # CUDA graph capture and replays
         self.notes: list[str] = []   # what the dump must say about how it was recorded
         self._ops = OpRecorder([ops] if isinstance(ops, str) else ops) if ops else None
+        self._pending_tokens: TokenBatch | None = None   # tdiff.tokens() given before its forward ran
+        self._tokens_step: int | None = None       # the last step whose tokens were recorded
         self._graft = None
         if graft is not None:  # bisect --graft: feed one call another run's inputs (tdiff.hooks.graft)
             from tdiff.hooks.graft import InputGraft
@@ -126,9 +131,9 @@ class Capture:
 
     # ---- lifecycle ----
     def start(self) -> Self:
-        global _active
-        if _active is not None:
-            raise TdiffError(f"a capture into {_active.root} is already active in this process")
+        active = active_capture()
+        if active is not None:
+            raise TdiffError(f"a capture into {active.root} is already active in this process")
         create_dump(self.root, {"side": self.side, "mode": self.mode, "storage": self.storage,
                                 "tdiff": tdiff.__version__})
         self.writer = self._new_writer()
@@ -137,17 +142,18 @@ class Capture:
             self._wrap_forward(self.model)
         _install_call_hook()
         install_graph_hooks()
-        _active = self
+        set_active(self)
         return self
 
     def stop(self, error: str | None = None) -> None:
         """End the capture; ``error`` says why the captured code failed (the dump is then incomplete)."""
-        global _active
-        if _active is self:
-            _active = None
+        if active_capture() is self:
+            set_active(None)
         if self._forward_restore is not None:
             self._forward_restore()
             self._forward_restore = None
+        if self._pending_tokens is not None and self.writer is not None:
+            self._write_tokens(self._pending_tokens)  # no forward followed: they describe this step
         if self.writer is not None:
             self._summaries.flush()
             self.writer.close(error, notes=self.notes)
@@ -203,16 +209,22 @@ class Capture:
             stack = self._local.stack = []
         return stack
 
-    def module_call(self, module, invoke, args, kwargs):
+    def _outside_ops(self, work, *args):
+        """Run ``work`` with the op tracer of the enclosing traced forward (capture --ops) paused:
+        a child module's ops are its own, and capture's own recording runs ops that are not the
+        model's."""
         stack = self._stack
         tracing = stack[-1].tracer if stack else None
         if tracing is None:
-            return self._module_call(module, invoke, args, kwargs)
-        tracing.paused += 1  # a child's ops are its own (and recording its inputs runs ops too)
+            return work(*args)
+        tracing.paused += 1
         try:
-            return self._module_call(module, invoke, args, kwargs)
+            return work(*args)
         finally:
             tracing.paused -= 1
+
+    def module_call(self, module, invoke, args, kwargs):
+        return self._outside_ops(self._module_call, module, invoke, args, kwargs)
 
     def _module_call(self, module, invoke, args, kwargs):
         stack = self._stack
@@ -231,6 +243,8 @@ class Capture:
         path = self._paths.path_of(module, (parent.module, parent.path) if parent else None)
         if parent is None and not self._rank_known:
             self._rank = None  # torch.distributed may have started since the last outermost call
+        if parent is None and graph is None:
+            self._tokens_of_forward(module, args, kwargs)
         if parent is None and self.batch_row is not None:
             self._batch_size = _batch_size(args, kwargs)
             if self._batch_size and self.batch_row >= self._batch_size:
@@ -283,17 +297,53 @@ class Capture:
             (graph.top_level if graph is not None else self._top_level_done).add(id(module))
         return output
 
-    def dump(self, name: str, value) -> None:
-        tracing = self._stack[-1].tracer if self._stack else None
-        if tracing is None:
-            return self._dump(name, value)
-        tracing.paused += 1  # recording runs ops that are not the model's
-        try:
-            return self._dump(name, value)
-        finally:
-            tracing.paused -= 1
+    # ---- token metadata ----
+    def tokens(self, **given) -> None:
+        """``tdiff.tokens``: inside a model call they describe the forward running; else the next
+        outermost call's, or the current step's when an explicit dump or the capture's end comes
+        first in a step no model ran in (values computed without a model). Checked at once."""
+        self._outside_ops(self._tokens, given)
 
-    def _dump(self, name: str, value) -> None:
+    def _tokens(self, given: dict) -> None:
+        batch = describe_tokens(step=self.step_index, rank=0, **given)
+        if self._stack:
+            self._write_tokens(batch)
+        else:
+            self._pending_tokens = batch
+
+    def forward_replayed(self) -> None:
+        """A CUDA graph's replay ran a forward: the tokens given for it describe its step (no
+        model call reads them from the replayed batch)."""
+        if self._pending_tokens is not None:
+            self._write_tokens(self._pending_tokens)
+
+    def _tokens_of_forward(self, module, args: tuple, kwargs: dict) -> None:
+        """At an outermost call: the tokens given for it, else what its framework's source reads
+        from the call (once per step)."""
+        batch, self._pending_tokens = self._pending_tokens, None
+        if batch is None and self._tokens_step != self.step_index:
+            framework = type(getattr(module, "_orig_mod", module)).__module__.partition(".")[0]
+            source = token_source(framework)
+            given = source(module, args, kwargs) if source is not None else None
+            if given is not None:
+                batch = describe_tokens(step=self.step_index, rank=0, source=framework, **given)
+        if batch is not None:
+            self._write_tokens(batch)
+
+    def _write_tokens(self, batch: TokenBatch) -> None:
+        self._pending_tokens = None
+        if self.batch_row is not None:
+            self.note("--batch-row: token metadata is not recorded (rows are cut from the batch)")
+            return
+        if not self.selection.wants_step(self.step_index) or self.writer.failed:
+            return
+        self._tokens_step = self.step_index
+        self.writer.submit_tokens(dataclasses.replace(batch, step=self.step_index, rank=self._current_rank()))
+
+    def dump(self, name: str, value, positions=None, seq_ids=None) -> None:
+        self._outside_ops(self._dump, name, value, positions, seq_ids)
+
+    def _dump(self, name: str, value, positions=None, seq_ids=None) -> None:
         stack = self._stack
         parent = stack[-1] if stack else None
         graph = self._graphs.capturing()
@@ -305,9 +355,14 @@ class Capture:
         if not ((graph is not None or self.selection.wants_step(self.step_index))
                 and self.selection.wants(name, explicit=True) and not self.writer.failed):
             return
+        if self._pending_tokens is not None and not self._top_level_done:
+            self._write_tokens(self._pending_tokens)   # no model ran in this step: they describe it
         where = (parent.path if parent else "", None, parent, len(stack), None, name, None)
         for sub, tensor in flatten_tensors(value):
-            self._record(tensor, tensor_name(name, sub), sub, "explicit", call, where)
+            attrs = {}
+            if positions is not None:
+                attrs["tokens"] = row_tokens(tuple(tensor.shape), positions, seq_ids).to_json()
+            self._record(tensor, tensor_name(name, sub), sub, "explicit", call, where, attrs)
 
     def _layer_of_call(self, path: str, parent: _Frame | None) -> tuple[int | None, int | None]:
         """The decoder layer this call belongs to, and that layer again where the module path
@@ -325,10 +380,10 @@ class Capture:
         """An op's output inside a traced forward (tdiff.hooks.ops); returns its record's seq."""
         if self.writer.failed:
             return None
-        return self._record(tensor, name, sub, "op", call, where, op)
+        return self._record(tensor, name, sub, "op", call, where, op=op)
 
     def _record(self, tensor: torch.Tensor, name: str, sub: str, role: str, call: int,
-                where: tuple, op: dict | None = None) -> int | None:
+                where: tuple, explicit_attrs: dict | None = None, op: dict | None = None) -> int | None:
         if tensor.device.type == "meta":
             return None
         module_path, module, parent, depth, annotator, counter, layer = where
@@ -349,8 +404,8 @@ class Capture:
             sub=sub, module_class=type(module).__name__ if module is not None else None,
             parent=parent.path if parent else None, depth=depth, layer=layer, device=str(tensor.device),
             alias_of=alias_of, op=op,
-            attrs=annotate(module, module_path, role, sub, tensor, annotator)
-            if module is not None and op is None else {})
+            attrs=(annotate(module, module_path, role, sub, tensor, annotator) if op is None else {})
+            if module is not None else explicit_attrs or {})
         if self._ops is not None:
             self._ops.held(original, seq)
         if graph is not None:
@@ -427,7 +482,7 @@ class Capture:
 
         def forward(*args, **kwargs):
             stack = self._stack
-            if _active is not self or (stack and stack[-1].module is model):
+            if active_capture() is not self or (stack and stack[-1].module is model):
                 return original(*args, **kwargs)  # already inside model.__call__
             return self.module_call(model, original, args, kwargs)
 
@@ -494,7 +549,7 @@ def _tdiff_module_call(self, *args, **kwargs):
         # torch.compile traces this call: stay out of the compiled program, which then is exactly
         # the one an uncaptured run compiles (and never reads capture state, no guards on it)
         return _original_call(self, *args, **kwargs)
-    capture = _active
+    capture = active_capture()
     if capture is None:
         return _original_call(self, *args, **kwargs)
     return capture.module_call(self, lambda *a, **k: _original_call(self, *a, **k), args, kwargs)
@@ -508,8 +563,9 @@ def _install_call_hook() -> None:
 
 
 def _after_fork_in_child() -> None:
-    if _active is not None:
-        _active.after_fork_in_child()
+    capture = active_capture()
+    if capture is not None:
+        capture.after_fork_in_child()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -524,7 +580,3 @@ def _versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             pass
     return versions
-
-
-def active_capture() -> Capture | None:
-    return _active

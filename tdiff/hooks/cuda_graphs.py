@@ -32,7 +32,10 @@ import weakref
 
 import torch
 
+from tdiff.bootstrap.imports import when_imported
 from tdiff.errors import TdiffError
+from tdiff.hooks.active import active_capture
+from tdiff.hooks.token_sources import forward_batch_tokens
 from tdiff.hooks.device import _Batch, _DeviceSummary, _packed_summary
 from tdiff.store.dtypes import from_bytes_view, to_bytes_view
 from tdiff.store.record import Record
@@ -186,6 +189,7 @@ class GraphRecorder:
         if rows is not None and recording.rows is not None and rows > recording.rows:
             raise TdiffError(f"tdiff.graph_rows({rows}): the graph was captured for {recording.rows} rows")
         step, bases = _replay_step(capture, recording)
+        capture.forward_replayed()
         if not capture.selection.wants_step(step) or capture.writer.failed:
             return
         _emit(capture, recording, step, bases, rows if rows != recording.rows else None)
@@ -271,7 +275,7 @@ def graph_rows(rows: int) -> None:
     batch size keep only their first ``rows`` rows. A no-op when no capture is active."""
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
         raise TdiffError(f"tdiff.graph_rows() takes a positive number of rows, not {rows!r}")
-    capture = _active_capture()
+    capture = active_capture()
     if capture is not None:
         capture._graphs.next_rows = rows
 
@@ -280,7 +284,7 @@ def graph_replayed(graph, rows: int | None = None) -> None:
     """Record the replay of ``graph`` that was just queued on the current stream, for engines
     that replay a ``torch.cuda.CUDAGraph`` without its Python ``replay`` method (which tdiff
     hooks). ``rows``: as :func:`graph_rows`. A no-op when no capture is active."""
-    capture = _active_capture()
+    capture = active_capture()
     if capture is not None:
         capture._graphs.replayed(graph, rows)
 
@@ -296,7 +300,7 @@ def install_graph_hooks() -> None:
     _originals.update(capture_begin=cls.capture_begin, capture_end=cls.capture_end, replay=cls.replay)
 
     def capture_begin(self, *args, **kwargs):
-        capture = _active_capture()
+        capture = active_capture()
         if capture is not None:
             capture._graphs.prepare()
         _originals["capture_begin"](self, *args, **kwargs)
@@ -307,7 +311,7 @@ def install_graph_hooks() -> None:
         try:
             _originals["capture_end"](self, *args, **kwargs)
         finally:
-            capture = _active_capture()
+            capture = active_capture()
             if capture is not None:
                 capture._graphs.end(self)
             else:
@@ -315,14 +319,29 @@ def install_graph_hooks() -> None:
 
     def replay(self, *args, **kwargs):
         _originals["replay"](self, *args, **kwargs)
-        capture = _active_capture()
+        capture = active_capture()
         if capture is not None:
             capture._graphs.replayed(self)
 
     cls.capture_begin, cls.capture_end, cls.replay = capture_begin, capture_end, replay  # type: ignore[method-assign]
+    when_imported("sglang.srt.model_executor.runner.decode_cuda_graph_runner", _describe_sglang_replays)
 
 
-def _active_capture():
-    from tdiff.hooks.capture import active_capture
+def _describe_sglang_replays(module) -> None:
+    """SGLang's decode graph runner replays a graph per decode step (``execute(forward_batch)``):
+    before the replay, tell capture that step's tokens and real rows, from the ForwardBatch (the
+    graph runs a batch padded up to the size it was captured for)."""
+    runner = module.DecodeCudaGraphRunner
+    execute = runner.execute
 
-    return active_capture()
+    def described_execute(self, forward_batch, *args, **kwargs):
+        capture = active_capture()
+        if capture is not None:
+            given = forward_batch_tokens(forward_batch)
+            if given is not None:
+                capture.tokens(**given)
+            if forward_batch.forward_mode.is_decode():
+                capture._graphs.next_rows = forward_batch.batch_size
+        return execute(self, forward_batch, *args, **kwargs)
+
+    runner.execute = described_execute

@@ -18,14 +18,12 @@ Example of the capture option (as ``tdiff.bisect`` writes it)::
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import torch
 
 from tdiff.errors import TdiffError
-from tdiff.hooks.naming import _MAX_DEPTH, SKIPPED_TYPES
+from tdiff.hooks.naming import replace_call_inputs
 
 if TYPE_CHECKING:
     from tdiff.store import Dump
@@ -48,8 +46,14 @@ class InputGraft:
             return args, kwargs
         grafted = self._recorded_inputs(rank)
         used: set[str] = set()
-        args = tuple(_replace(arg, str(i), grafted, used, 0) for i, arg in enumerate(args))
-        kwargs = {key: _replace(value, key, grafted, used, 0) for key, value in kwargs.items()}
+
+        def take(name: str, tensor: torch.Tensor) -> torch.Tensor:
+            if name not in grafted:
+                return tensor
+            used.add(name)
+            return _like(grafted[name], tensor, name)
+
+        args, kwargs = replace_call_inputs(args, kwargs, take)
         unused = sorted(set(grafted) - used)
         if unused:
             raise TdiffError(f"graft: `{path}` has no input named {unused[0]!r} as side A's "
@@ -69,43 +73,6 @@ class InputGraft:
             raise TdiffError(f"graft: {self.dump_path} holds no inputs of `{self.module}` at step "
                              f"{self.step} call {self.call} rank {rank}")
         return {r.sub: dump.load(r) for r in records}
-
-
-def _replace(value, name: str, grafted: dict, used: set, depth: int):
-    """``value`` with every tensor whose sub-name (as tdiff.hooks.naming gives it) is in
-    ``grafted`` replaced; containers are rebuilt only where something changed."""
-    if isinstance(value, torch.Tensor):
-        if name not in grafted:
-            return value
-        used.add(name)
-        return _like(grafted[name], value, name)
-    if depth >= _MAX_DEPTH or value is None or isinstance(value, (str, bytes, int, float, bool)):
-        return value
-    if type(value).__name__ in SKIPPED_TYPES:
-        return value
-
-    def sub(key, item):
-        return _replace(item, f"{name}.{key}" if name else str(key), grafted, used, depth + 1)
-
-    if isinstance(value, Mapping):
-        entries = {key: sub(key, item) for key, item in value.items()}
-        changed = any(entries[key] is not value[key] for key in entries)
-        return type(value)(entries) if changed else value  # type: ignore[call-arg]  # a concrete mapping
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        items = [sub(key, item) for key, item in zip(value._fields, value)]
-        return type(value)(*items) if any(x is not y for x, y in zip(items, value)) else value
-    if isinstance(value, (tuple, list)):
-        items = [sub(i, item) for i, item in enumerate(value)]
-        return type(value)(items) if any(x is not y for x, y in zip(items, value)) else value
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        changes = {}
-        for f in dataclasses.fields(value):
-            item = getattr(value, f.name, None)
-            new = sub(f.name, item)
-            if new is not item:
-                changes[f.name] = new
-        return dataclasses.replace(value, **changes) if changes else value
-    return value
 
 
 def _like(source: torch.Tensor, target: torch.Tensor, name: str) -> torch.Tensor:

@@ -9,49 +9,26 @@ Examples:
 
 from __future__ import annotations
 
-import dataclasses
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 
 import torch
 
+from tdiff.vocab.nested import Nested, leaf_name
 from tdiff.vocab.paths import ROOT_LABEL
-
-_MAX_DEPTH = 6
 
 # Per-call context objects that hold many tensors every layer receives again (SGLang's
 # ForwardBatch): flattening them would record the same metadata at every module. Adapters record
 # what they need from them once per step instead.
 SKIPPED_TYPES = {"ForwardBatch"}
 
+# How capture and graft walk the values of module calls and explicit dumps.
+CALL_VALUES = Nested(torch.Tensor, max_depth=6, skip=SKIPPED_TYPES)
+
 
 def flatten_tensors(value, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (sub-name, tensor) for every tensor in a nested value, in a stable order."""
-    yield from _flatten(value, prefix, 0, set())
-
-
-def _flatten(value, prefix: str, depth: int, seen: set) -> Iterator[tuple[str, torch.Tensor]]:
-    if isinstance(value, torch.Tensor):
-        yield prefix, value
-        return
-    if depth >= _MAX_DEPTH or value is None or isinstance(value, (str, bytes, int, float, bool)):
-        return
-    if id(value) in seen or type(value).__name__ in SKIPPED_TYPES:
-        return
-    seen = seen | {id(value)}
-    items: Iterable[tuple[str, object]]
-    if isinstance(value, Mapping):
-        items = ((str(k), v) for k, v in value.items())
-    elif isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
-        items = zip(value._fields, value)
-    elif isinstance(value, (tuple, list)):
-        items = ((str(i), v) for i, v in enumerate(value))
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        items = ((f.name, getattr(value, f.name, None)) for f in dataclasses.fields(value))
-    else:
-        return
-    for key, item in items:
-        yield from _flatten(item, f"{prefix}.{key}" if prefix else key, depth + 1, seen)
+    yield from CALL_VALUES.leaves(value, prefix)
 
 
 def flatten_call_inputs(args: tuple, kwargs: dict) -> Iterator[tuple[str, torch.Tensor]]:
@@ -62,9 +39,15 @@ def flatten_call_inputs(args: tuple, kwargs: dict) -> Iterator[tuple[str, torch.
         yield from flatten_tensors(arg, key)
 
 
+def replace_call_inputs(args: tuple, kwargs: dict, new: Callable[[str, torch.Tensor], torch.Tensor]):
+    """(args, kwargs) with each input tensor replaced by ``new(sub_name, tensor)``, named as
+    :func:`flatten_call_inputs` names them."""
+    return (tuple(CALL_VALUES.replace(arg, new, str(i)) for i, arg in enumerate(args)),
+            {key: CALL_VALUES.replace(arg, new, key) for key, arg in kwargs.items()})
+
+
 def tensor_name(module_path: str, sub: str) -> str:
-    base = module_path or ROOT_LABEL
-    return base + "".join(f"[{part}]" for part in sub.split(".")) if sub else base
+    return leaf_name(module_path or ROOT_LABEL, sub)
 
 
 def join_path(parent: str, child: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
@@ -11,9 +12,15 @@ from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
+from tdiff.align.pairing import Alignment, SideAlignment
+from tdiff.align.tokens import TokenAlignment
 from tdiff.compare.engine import CompareReport, Comparison
 from tdiff.text import printable
 from tdiff.vocab.paths import ROOT_LABEL
+
+if TYPE_CHECKING:  # the renderers' types; the commands that render them import the packages
+    from tdiff.bisect.result import BisectResult, Divergence
+    from tdiff.source_patcher.trial import TrialReport
 
 
 class _PlainConsole(Console):
@@ -79,7 +86,11 @@ def render_compare(report: CompareReport, console: Console, top: int | None = No
     table.add_column("#", justify="right", no_wrap=True)
     table.add_column("tensor", overflow="fold", min_width=24, ratio=1)
     count_column = "mismatch" if tolerance.exact else "outside tol."
-    for column in ("role", "step:call", "status", count_column, "max abs", "ULP at scale", "cosine"):
+    by_token = any(c.tokens is not None for c in comparisons)
+    columns = ["role", "step:call", "status", count_column, "max abs", "ULP at scale", "cosine"]
+    if by_token:
+        columns.insert(3, "tokens equal")
+    for column in columns:
         table.add_column(column, justify="left" if column in ("role", "status") else "right", no_wrap=True)
     for index in shown:
         c = comparisons[index]
@@ -87,10 +98,13 @@ def render_compare(report: CompareReport, console: Console, top: int | None = No
         m = c.metrics if c.diverged else None
         style = "bold red" if c is first else ("red" if c.diverged else "")
         status = Text(c.status + (" <- first" if c is first else ""), style=style or "green")
-        table.add_row(str(index), Text(printable(c.name)), r.role, f"{r.step}:{r.call}", status,
-                      f"{100 * (m.mismatch_fraction if tolerance.exact else m.outside_fraction):.3g}%" if m else "",
-                      fmt_number(m.max_abs) if m else "", fmt_number(m.max_ulp_at_scale) if m else "",
-                      f"{m.cosine:.6f}" if m else "", style=style)
+        cells: list[str | Text] = [str(index), Text(printable(c.name)), r.role, f"{r.step}:{r.call}", status,
+                 f"{100 * (m.mismatch_fraction if tolerance.exact else m.outside_fraction):.3g}%" if m else "",
+                 fmt_number(m.max_abs) if m else "", fmt_number(m.max_ulp_at_scale) if m else "",
+                 f"{m.cosine:.6f}" if m else ""]
+        if by_token:
+            cells.insert(4, f"{c.tokens.equal:,}/{c.tokens.compared:,}" if c.tokens is not None else "")
+        table.add_row(*cells, style=style)
     console.print(table)
     if len(shown) < len(comparisons):
         console.print(f"({len(comparisons) - len(shown)} more rows; --top 0 shows all)")
@@ -100,6 +114,68 @@ def render_compare(report: CompareReport, console: Console, top: int | None = No
         for note in dump.notes:
             console.print(Text(f"note: side {label}: {printable(note)}"))
     console.print(Text(printable(summary_line(report))))
+    if isinstance(report.alignment, TokenAlignment):
+        render_token_alignment(report.alignment, console)
+    elif isinstance(report.alignment, Alignment):
+        render_alignment(report.alignment, console)
+
+
+def render_alignment(alignment: Alignment, console: Console) -> None:
+    """How two dumps of different frameworks or layouts were aligned (after the comparison table)."""
+    a, b = alignment.a, alignment.b
+    console.print(f"aligned by canonical boundary: A {escape(a.side)} ({a.adapter}, {a.canonical} tensors), "
+                  f"B {escape(b.side)} ({b.adapter}, {b.canonical} tensors)")
+    for label, side in (("A", a), ("B", b)):
+        _render_side(label, side, console)
+    unmapped = [f"{label} {len(side.unmapped)}" for label, side in (("A", a), ("B", b)) if side.unmapped]
+    if unmapped:
+        console.print(f"  not mapped to a canonical boundary (distinct names): {', '.join(unmapped)}; "
+                      "--json lists them")
+    for warning in alignment.warnings:
+        console.print(f"[yellow]warning[/yellow]: {escape(warning)}")
+
+
+def _render_side(label: str, side: SideAlignment, console: Console) -> None:
+    for boundary, entry in side.not_exposed.items():
+        console.print(f"  not exposed by {label} ({side.adapter}), {entry['skipped']} not compared: "
+                      f"{boundary}: {escape(entry['reason'])}")
+    for name, reason in side.uncertain:
+        console.print(f"  only on {label}, not compared: {name}: {escape(reason)}")
+    for name, reason in side.unresolved:
+        console.print(f"  [yellow]cannot build on {label}[/yellow]: {name}: {escape(reason)}")
+    if side.unmatched:
+        more = len(side.unmatched) - 8
+        shown = ", ".join(side.unmatched[:8]) + (f" and {more} more" if more > 0 else "")
+        console.print(f"  [red]only on {label}[/red] (the other side could expose them): {shown}")
+
+
+def render_token_alignment(alignment: TokenAlignment, console: Console) -> None:
+    """How two dumps were aligned token by token (after the comparison table)."""
+    pairs = alignment.sequences
+    shared = sum(p.shared for p in pairs)
+    console.print(f"aligned by token: {len(pairs)} sequence pair(s) matched by token ids, {shared:,} positions "
+                  "fed by both")
+    one_sided = [(label, p.a, p.b, positions) for p in pairs
+                 for label, positions in (("A", p.only_a), ("B", p.only_b)) if positions]
+    for label, a, b, positions in one_sided[:8]:
+        shown = ", ".join(map(str, positions[:6])) + (" ..." if len(positions) > 6 else "")
+        console.print(f"  only on {label} (not compared): sequence {a} (A) / {b} (B), position(s) {shown}")
+    if len(one_sided) > 8:
+        console.print(f"  ... and {len(one_sided) - 8} more sequence(s) with one-sided positions; --json lists them")
+    for label, unmatched in (("A", alignment.unmatched_a), ("B", alignment.unmatched_b)):
+        if unmatched:
+            shown = ", ".join(f"{u['seq']} ({u['tokens']} tokens)" for u in unmatched[:8])
+            console.print(f"  [yellow]sequences only on {label}[/yellow] (no partner by token ids): {shown}")
+    if alignment.not_aligned:
+        names = ", ".join(escape(name) for name, _ in alignment.not_aligned[:6])
+        more = f" and {len(alignment.not_aligned) - 6} more" if len(alignment.not_aligned) > 6 else ""
+        console.print(f"  not token-aligned, not compared (no row per token): {names}{more}; --json says why")
+    for name, reason in alignment.partly[:6]:
+        console.print(f"  [yellow]partly token-aligned[/yellow]: {escape(name)}: {escape(reason)}")
+    if len(alignment.partly) > 6:
+        console.print(f"  ... and {len(alignment.partly) - 6} more partly token-aligned tensors; --json lists them")
+    if alignment.boundaries is not None:
+        render_alignment(alignment.boundaries, console)
 
 
 def summary_line(report: CompareReport) -> str:
@@ -111,12 +187,25 @@ def summary_line(report: CompareReport) -> str:
     if first is None:
         # a filter may have left out where the runs part: say so next to the match
         left_out = f"; {report.left_out} tensor(s) left out by --layer/--select/--exclude" if report.left_out else ""
-        return f"match: all {counts['compared']} tensors equal ({report.options.tolerance.describe()}){left_out}"
+        return (f"match: all {counts['compared']} tensors equal ({report.options.tolerance.describe()})"
+                f"{_token_totals(report)}{left_out}")
     diverged = counts["compared"] - counts["match"]
     where = f" (module {first.record.module or ROOT_LABEL}, {first.record.role})" if first.record.role != "explicit" else ""
-    return (f"diverged: {diverged} of {counts['compared']} tensors differ; first: {first.name}{where} "
-            f"step {first.record.step} call {first.record.call}: "
+    token = first.tokens.first_differing if first.tokens is not None else None
+    at_token = (f" (first at position {token.position} of sequence {token.seq_a}, B's step {token.step_b})"
+                if token is not None else "")
+    return (f"diverged: {diverged} of {counts['compared']} tensors differ{_token_totals(report)}; first: "
+            f"{first.name}{where} step {first.record.step} call {first.record.call}{at_token}: "
             f"{describe(first, report.options.tolerance.describe())}")
+
+
+def _token_totals(report: CompareReport) -> str:
+    """Tokens compared and equal over the token-aligned tensors (empty when none is)."""
+    verdicts = [c.tokens for c in report.comparisons if c.tokens is not None]
+    if not verdicts:
+        return ""
+    return (f"; {sum(v.equal for v in verdicts):,}/{sum(v.compared for v in verdicts):,} tensor-tokens equal "
+            f"over {len(verdicts)} token-aligned tensors")
 
 
 def _rows_to_show(comparisons: list[Comparison], first: Comparison | None, top: int | None) -> list[int]:
@@ -136,3 +225,109 @@ def _severity(c: Comparison) -> tuple:
     if m is None:
         return (1, 0.0, 0.0)
     return (0, float(m.max_ulp_at_scale or 0), m.max_abs)
+
+
+def render_bisect(result: BisectResult, console: Console) -> None:
+    from tdiff.bisect.search import BinarySearch
+
+    def say(text: str) -> None:
+        # long module paths stay on one line, and a name holding a line break cannot add one
+        console.print(printable(text), soft_wrap=True)
+
+    for note in result.notes:
+        say(f"[yellow]note[/yellow]: {escape(note)}")
+    if result.repeats is not None:
+        repeats = result.repeats
+        say(f"repeats: {len(repeats.runs)} runs against {repeats.reference}; "
+            f"not bitwise repeatable: {escape(', '.join(repeats.differing)) or 'none'}")
+    d = result.first_divergence
+    if d is None and result.status == "diverged":
+        say(f"[bold red]diverged[/bold red]: tensors are missing on one side (see the note); the "
+            f"{result.checked:,} events compared on both sides are equal ({result.tolerance}), so no op is named")
+    elif d is None:
+        say(f"[green]match[/green]: all {result.checked:,} events compared are equal "
+            f"({result.tolerance})")
+    else:
+        where = d.module if d.module else (ROOT_LABEL if d.module is not None else "outside any module")
+        layer = f", layer {d.layer}" if d.layer is not None else ""
+        verb = "introduced" if d.introduced else "first seen"
+        say(f"[bold red]diverged[/bold red]: {verb} at [bold]{escape(where)}[/bold] "
+            f"({d.kind}{layer}), step {d.step} call {d.call}, event {d.event}")
+        say(f"  {escape(d.description)}")
+        if d.op is not None:
+            say(f"  {escape(d.op.describe())}")
+        # the full verdict where this process compared the tensor; read back from JSON, its figures
+        figures = describe(d.first, result.tolerance) if d.first is not None else _describe_metrics(d)
+        say(f"  first differing tensor {escape(d.name)}: {escape(figures)}")
+        if d.token is not None:
+            t = d.token
+            tokens = d.first.tokens if d.first is not None else None
+            equal = f"; {tokens.equal:,}/{tokens.compared:,} tokens equal" if tokens is not None else ""
+            say(f"  first differing token: position {t['position']} of sequence {t['seq_a']} (A, step "
+                f"{t['step_a']}) / {t['seq_b']} (B, step {t['step_b']}){equal}")
+        if result.trail:
+            chain = " > ".join(f"{escape(t.module or ROOT_LABEL)} (ULP at scale "
+                               f"{fmt_number(t.metrics.max_ulp_at_scale)})" for t in result.trail)
+            say(f"  enclosing modules that diverged too: {chain}")
+        say(f"  {result.checked:,} events compared ({result.tolerance})")
+    if result.graft is not None:
+        say(f"graft: {escape(result.graft.description)}")
+    if result.trials is not None and d is not None:
+        trials = result.trials
+        best = trials.best
+        verdict = (f"[green]{escape(best.name)} closes the gap[/green]" if trials.matched and best
+                   else f"none closes the gap; closest: {escape(best.name) if best else '-'}")
+        say(f"try: {len(trials.candidates)} candidate fix(es) for kind {d.kind}: {verdict}")
+        for trial in [trials.control, *trials.candidates]:
+            where = trial.first_divergence.name if trial.first_divergence else ""
+            say(f"  {escape(trial.name)}: {trial.status}" + (f", first divergence {escape(where)}" if where else "")
+                + (f" ({escape(trial.reason)})" if trial.reason else ""))
+    if result.runs is not None:
+        log = result.runs
+        say(log.summary())
+        if log.boundaries is not None:
+            bound = BinarySearch.max_probes(log.boundaries) + 2
+            say(f"  binary search over {log.boundaries} boundaries: at most {bound} runs per side "
+                f"(ceil(log2({log.boundaries} + 1)) probes, one discovery, one final capture)")
+        for run in log.runs:
+            outcome = f" -> {run.outcome}" if run.outcome else ""
+            say(f"  {run.label} {run.purpose}: {escape(run.why)}{escape(outcome)}")
+
+
+def _describe_metrics(d: Divergence) -> str:
+    m = d.metrics
+    text = (f"max abs {fmt_number(m.max_abs)}, ULP at scale {fmt_number(m.max_ulp_at_scale)} "
+            f"(raw max ULP {fmt_number(m.max_ulp)}), cosine {fmt_number(m.cosine, 9)}")
+    return f"{d.reason}; {text}" if d.reason else text
+
+
+def render_trials(report: TrialReport, console: Console) -> None:
+    """`tdiff patch try`: the control and the ranked candidates, then the verdict."""
+    control = report.control
+    console.print(f"baseline {report.baseline}; runs and logs in {report.workdir} ({report.tolerance})",
+                  highlight=False)
+    table = Table(title_justify="left", show_lines=False)
+    for column in ("rank", "candidate", "status", "first divergence", "moved", "mismatched", "max ULP"):
+        table.add_column(column, justify="right" if column in ("rank", "moved", "mismatched", "max ULP") else "left",
+                         overflow="fold")
+    rows = [("-", control)] + [(str(i), r) for i, r in enumerate(report.candidates, 1)]
+    for rank, r in rows:
+        style = {"match": "green", "diverged": "", "error": "red"}[r.status]
+        name = "(control, unpatched)" if r is control else r.name
+        if r is not control and r.patches and not r.applied and r.status != "error":
+            name += " (never applied)"
+        first = r.first_divergence.name if r.first_divergence else (r.reason or "")
+        moved = "" if r is control else (f"{r.moved_by:+d}" if r.moved_by is not None else "")
+        table.add_row(rank, Text(name), Text(r.status, style=style), Text(first), moved,
+                      fmt_number(r.mismatched), fmt_number(r.max_ulp))
+    console.print(table)
+    best = report.best
+    if best is None:
+        console.print("no candidate ran to the end: see the logs", highlight=False)
+    elif best.status == "match":
+        console.print(f"best: {best.name} (matches the baseline; the unpatched control {control.status})",
+                      highlight=False)
+    else:
+        console.print(f"no candidate matches; closest: {best.name} (first divergence moved "
+                      f"{best.moved_by:+d} tensors)" if best.moved_by is not None else
+                      f"no candidate matches; closest: {best.name}", highlight=False)

@@ -9,11 +9,17 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import tdiff
 from tdiff.report.console import describe, fmt_number
 from tdiff.report.environment import PACKAGES, SideEnvironment
 from tdiff.report.model import BoundaryRow, Report
+from tdiff.vocab.paths import ROOT_LABEL
+
+if TYPE_CHECKING:  # the results the report shows; `tdiff report` makes them
+    from tdiff.bisect.result import BisectResult
+    from tdiff.source_patcher.trial import TrialReport, TrialResult
 
 TRAIL_SHOWN = 20
 
@@ -209,68 +215,59 @@ def environment_table(report: Report) -> Table:
                  note=note)
 
 
-def bisect_blocks(result: dict) -> list[Block]:
-    """The section for ``tdiff bisect --json``: {status, first_divergence, checked, trail}."""
-    checked = result.get("checked")
-    events = f"{checked:,} events checked" if isinstance(checked, int) else "events checked: unknown"
-    found = result.get("first_divergence")
-    if result.get("status") == "diverged" and not found:  # only tensors missing from an incomplete dump
-        notes = [str(n) for n in result.get("notes") or []]
+def bisect_blocks(result: BisectResult) -> list[Block]:
+    """The section for a bisection (``tdiff report --bisect``)."""
+    events = f"{result.checked:,} events checked"
+    found = result.first_divergence
+    if found is None and result.status == "diverged":  # only tensors missing from an incomplete dump
         why = (f" every event compared on both sides matches ({events}), "
                "but tensors are missing on one side, so no op is named. ")
-        return [Paragraph((Strong("Diverged:"), why, *notes[-1:]))]
-    if result.get("status") == "match" or not found:
+        return [Paragraph((Strong("Diverged:"), why, *result.notes[-1:]))]
+    if found is None:
         return [Paragraph((Strong("Match:"), f" bisect found no divergence ({events})."))]
-    introduced = found.get("introduced")
-    verb = "Introduced at" if introduced else "First differs at"
-    where = [f"{found.get('event', '?')}"] + [f"{k} {found[k]}" for k in ("kind", "layer", "step")
-                                               if found.get(k) is not None]
-    headline: tuple = (Strong(verb), " ", Code(str(found.get("name"))), f" ({', '.join(where)}); {events}.")
-    if introduced is False:
+    verb = "Introduced at" if found.introduced else "First differs at"
+    where = [found.event, f"kind {found.kind}"] + ([f"layer {found.layer}"] if found.layer is not None else [])
+    where += [f"step {found.step}"]
+    headline: tuple = (Strong(verb), " ", Code(found.name), f" ({', '.join(where)}); {events}.")
+    if not found.introduced:
         headline += ((" Its inputs already differed: bisect could not prove the divergence is "
                       "introduced here."),)
-    metrics = found.get("metrics") or {}
-    rows: list[list[Inline]] = [["where", str(found["description"])]] if found.get("description") else []
+    metrics = found.metrics
+    rows: list[list[Inline]] = [["where", found.description]] if found.description else []
     rows += [
-        ["module (A)", Code(str(found["module"])) if found.get("module") else "-"],
-        ["module (B)", Code(str(found["module_b"])) if found.get("module_b") else "-"],
-        ["event", str(found.get("event", "-"))], ["kind", str(found.get("kind") or "-")],
-        ["mismatch" if result.get("tolerance", "bitwise") == "bitwise" else "outside tolerance",
-         _percent(metrics.get("outside_fraction", metrics.get("mismatch_fraction")))],
-        ["max abs", fmt_number(metrics.get("max_abs"))], ["max ULP", fmt_number(metrics.get("max_ulp"))],
-        ["ULP at scale", fmt_number(metrics.get("max_ulp_at_scale"))],
-        ["cosine", fmt_number(metrics.get("cosine"), 9)]]
-    trail = result.get("trail") or []
+        ["module (A)", Code(found.module) if found.module else "-"],
+        ["module (B)", Code(found.module_b) if found.module_b else "-"],
+        ["event", found.event], ["kind", found.kind or "-"],
+        ["mismatch" if result.tolerance == "bitwise" else "outside tolerance",
+         _percent(metrics.outside_fraction)],
+        ["max abs", fmt_number(metrics.max_abs)], ["max ULP", fmt_number(metrics.max_ulp)],
+        ["ULP at scale", fmt_number(metrics.max_ulp_at_scale)],
+        ["cosine", fmt_number(metrics.cosine, 9)]]
+    trail = result.trail
     if trail:
-        shown = [Code(_name_of(t)) for t in trail[:TRAIL_SHOWN]]
+        shown = [Code(t.name or t.module or ROOT_LABEL) for t in trail[:TRAIL_SHOWN]]
         cell = tuple(part for item in shown for part in (item, ", "))[:-1]
         more = len(trail) - len(shown)
         rows.append(["trail (enclosing modules that also differ)", cell + ((f", and {more} more",) if more else ())])
     return [Paragraph(headline), Table("bisect-result", None, ["", "value"], rows)]
 
 
-def patch_table(results: dict) -> Table:
-    """The table for ``tdiff patch try --json``: {control, candidates, best}."""
-    best = results.get("best")
-    best_name = best.get("name") if isinstance(best, dict) else best
-    rows = []
-    control = results.get("control")
-    if isinstance(control, dict):
-        rows.append([(Strong("control"), " (unpatched)"), *_trial_cells(control)])
-    for candidate in results["candidates"]:
-        name = str(candidate["name"])
-        label: Inline = (Code(name), " ★ best") if name == best_name else Code(name)
+def patch_table(results: TrialReport) -> Table:
+    """The table of ``tdiff patch try``'s trials: the control, then the candidates as ranked."""
+    best = results.best
+    rows: list[list[Inline]] = [[(Strong("control"), " (unpatched)"), *_trial_cells(results.control)]]
+    for candidate in results.candidates:
+        label: Inline = (Code(candidate.name), " ★ best") if candidate is best else Code(candidate.name)
         rows.append([label, *_trial_cells(candidate)])
-    note = None if best_name else "no candidate was ranked best"
+    note = None if best else "no candidate was ranked best"
     return Table("patches", "Patch trials (ranked: best first)", ["candidate", "status", "first divergence",
                  "moved by", "tensors differ", "max ULP"], rows, numeric=frozenset({3, 4, 5}), note=note)
 
 
-def _trial_cells(trial: dict) -> list[Inline]:
-    first = trial.get("first_divergence")
-    return [str(trial.get("status", "-")), Code(_name_of(first)) if first else "-",
-            fmt_number(trial.get("moved_by")), fmt_number(trial.get("mismatched")),
-            fmt_number(trial.get("max_ulp"))]
+def _trial_cells(trial: TrialResult) -> list[Inline]:
+    first = trial.first_divergence
+    return [trial.status, Code(first.name) if first else "-", fmt_number(trial.moved_by),
+            fmt_number(trial.mismatched), fmt_number(trial.max_ulp)]
 
 
 # ---- cells ----
@@ -300,12 +297,6 @@ def _tally(counter: Counter) -> str:
 
 def _command(side: SideEnvironment) -> Inline:
     return Code(" ".join(side.command)) if side.command else "-"
-
-
-def _name_of(item) -> str:
-    if isinstance(item, dict):
-        return str(item.get("name") or item.get("module") or item)
-    return str(item)
 
 
 def _by(severity: list[tuple]) -> list[int]:

@@ -71,7 +71,7 @@ def _table(table: Table) -> str:
     html = (f'<table id="{table.key}">{caption}<thead><tr>{head}</tr></thead>\n<tbody>\n' + "\n".join(body)
             + "\n</tbody></table>")
     if table.folded:
-        return f"<details><summary>{escape(table.title)}</summary>\n{html}\n</details>"
+        return f"<details><summary>{escape(table.title or table.key)}</summary>\n{html}\n</details>"
     return f"<h2>{escape(table.title)}</h2>\n{html}" if table.title else html
 
 

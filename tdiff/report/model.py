@@ -13,16 +13,20 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tdiff.compare.engine import CompareReport, Comparison
 from tdiff.compare.metrics import json_number
-from tdiff.compare.pairing import NamePairing, Pairing
 from tdiff.errors import TdiffError
 from tdiff.report.console import summary_line
 from tdiff.report.environment import Environment, environment_of
 from tdiff.report.tokens import TokenErrors, culprit_token_errors
 from tdiff.vocab.boundaries import parse_layer_name
 from tdiff.vocab.paths import ROOT_LABEL, layer_of
+
+if TYPE_CHECKING:  # the results the report shows; `tdiff report` makes them
+    from tdiff.bisect.result import BisectResult
+    from tdiff.source_patcher.trial import TrialReport
 
 LAYER_ITSELF = "(layer)"    # the boundary of a decoder layer's own inputs and outputs
 
@@ -192,8 +196,8 @@ class Report:
     culprit: Culprit | None
     environment: Environment
     problems: list[str] = field(default_factory=list)
-    bisect: dict | None = None
-    patch_results: dict | None = None
+    bisect: BisectResult | None = None
+    patch_results: TrialReport | None = None
     same_dump: str | None = None      # the path, when A and B are the same dump
     left_out: int = 0                 # tensors --layer left out of the comparison
 
@@ -207,21 +211,22 @@ class Report:
                 "culprit": self.culprit.to_json() if self.culprit else None,
                 "layers": [row.to_json() for row in self.layers],
                 "boundaries": [row.to_json() for row in self.boundaries],
-                "bisect": self.bisect, "patch_results": self.patch_results,
+                "bisect": self.bisect.to_json() if self.bisect else None,
+                "patch_results": self.patch_results.to_json() if self.patch_results else None,
                 "environment": self.environment.to_json(), "problems": self.problems,
                 "diverged_tensors": [c.to_json() for c in self.comparisons if c.diverged]}
 
 
-def build_report(compare: CompareReport, *, pairing: Pairing | None = None, bisect: dict | None = None,
-                 patch_results: dict | None = None) -> Report:
-    """The report of one comparison. ``pairing`` must be the one the comparison used: the culprit
-    is reloaded through it (aligned tensors included) for its per-token error."""
+def build_report(compare: CompareReport, *, bisect: BisectResult | None = None,
+                 patch_results: TrialReport | None = None) -> Report:
+    """The report of one comparison. The culprit is reloaded through the pairing the comparison
+    used (aligned tensors included) for its per-token error."""
     boundaries = boundary_rows(compare.comparisons)
     first = compare.first_divergence
     culprit = None
     if first is not None:
         layer, boundary = boundary_of(first)
-        tokens, note = culprit_token_errors(compare.a, compare.b, first, pairing or NamePairing(),
+        tokens, note = culprit_token_errors(compare.a, compare.b, first, compare.pairing,
                                             compare.options.tolerance)
         culprit = Culprit(first, layer, boundary, tokens, note)
     problems = [f"side {label} incomplete: {problem}"
@@ -264,8 +269,10 @@ def layer_rows(boundaries: list[BoundaryRow]) -> list[LayerRow]:
     return rows
 
 
-def read_patch_results(text: str, where: str) -> dict:
-    """The JSON of ``tdiff patch try --json``, checked for the keys the report shows."""
+def read_patch_results(text: str, where: str) -> TrialReport:
+    """The trials of ``tdiff patch try --json``, read back."""
+    from tdiff.source_patcher.trial import TrialReport
+
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -273,8 +280,8 @@ def read_patch_results(text: str, where: str) -> dict:
                          "pass the output of `tdiff patch try --json`") from None
     except RecursionError:
         raise TdiffError(f"{where}: JSON nested too deeply; pass the output of `tdiff patch try --json`") from None
-    if not isinstance(data, dict) or not isinstance(data.get("candidates"), list) \
-            or not all(isinstance(c, dict) and "name" in c for c in data["candidates"]):
-        raise TdiffError(f"{where}: not the JSON of `tdiff patch try --json` "
-                         "(expected an object with a 'candidates' list of {name, status, ...})")
-    return data
+    try:
+        return TrialReport.from_json(data)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise TdiffError(f"{where}: not the JSON of `tdiff patch try --json` (expected an object with "
+                         f"its control and candidates; {type(exc).__name__}: {exc})") from None

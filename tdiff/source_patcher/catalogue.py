@@ -11,9 +11,9 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from tdiff.bounded_yaml import Fields, load_with_lines
 from tdiff.errors import TdiffError
-from tdiff.source_patcher.spec import (Candidate, Fields, PatchSpec, load_patch_file, load_yaml,
-                                       patch_from_mapping, read_text)
+from tdiff.source_patcher.spec import Candidate, PatchSpec, load_patch_file, patch_from_mapping, read_text
 from tdiff.vocab.kinds import KINDS
 
 CATALOGUE_FILE = Path(__file__).with_name("catalogue.yaml")
@@ -23,7 +23,7 @@ BUILTIN = "builtin"
 @functools.cache
 def catalogue() -> tuple[Candidate, ...]:
     source = str(CATALOGUE_FILE)
-    top = Fields(load_yaml(read_text(CATALOGUE_FILE), source), source, "the catalogue", ("shared", "entries"), 1)
+    top = Fields(load_with_lines(read_text(CATALOGUE_FILE), source), source, "the catalogue", ("shared", "entries"), 1)
     entries = tuple(_entry(item, source, top.line_of("entries")) for item in top.items("entries", required=True))
     names = [e.name for e in entries]
     if len(set(names)) != len(names):

@@ -27,14 +27,11 @@ and line at fault. YAML is read with the safe loader only.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, overload
+from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
-from tdiff import bounded_yaml
-from tdiff.bounded_yaml import BoundedSafeLoader, brief
+from tdiff.bounded_yaml import Fields, brief, load_with_lines
 from tdiff.errors import TdiffError
 from tdiff.store.files import read_regular
 
@@ -116,124 +113,11 @@ class PatchFile:
         return alone + combined
 
 
-# ----------------------------------------------------------------------------------- YAML reading
-
-class _Mapping(dict):
-    """A YAML mapping that remembers its line and the line of each key."""
-
-    line: int | None = None
-    key_lines: dict
-
-    def line_of(self, key: str) -> int | None:
-        return self.key_lines.get(key, self.line)
-
-
-class _LineLoader(BoundedSafeLoader):
-    pass
-
-
-def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode):
-    data = _Mapping()
-    data.line = node.start_mark.line + 1
-    data.key_lines = {}
-    yield data
-    loader.flatten_mapping(node)
-    for key_node, value_node in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        line = key_node.start_mark.line + 1
-        if not isinstance(key, str):
-            raise yaml.constructor.ConstructorError(None, None, f"key {brief(key)} is not text", key_node.start_mark)
-        if key in data.key_lines:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {brief(key)} (first on line {data.key_lines[key]})", key_node.start_mark)
-        data.key_lines[key] = line
-        data[key] = loader.construct_object(value_node, deep=True)
-
-
-_LineLoader.add_constructor("tag:yaml.org,2002:map", _construct_mapping)
-
-
-def load_yaml(text: str, source: str):
-    """Parse YAML with the bounded safe loader; mappings keep their line numbers for later messages."""
-    return bounded_yaml.load(text, source, _LineLoader)
-
-
 def read_text(path: str | Path) -> str:
     try:
         return read_regular(Path(path), "file").decode("utf-8")
     except UnicodeDecodeError as exc:
         raise TdiffError(f"{path}: cannot be read: {exc}") from None
-
-
-# ----------------------------------------------------------------------------------- validation
-
-class Fields:
-    """Typed access to one mapping's keys; every complaint names the file and line."""
-
-    def __init__(self, data, source: str, what: str, known: tuple[str, ...], line: int | None = None):
-        self.source, self.what = source, what
-        self.line = getattr(data, "line", None) or line
-        self.data = data if isinstance(data, dict) else {}
-        if not isinstance(data, dict):
-            raise self.error(f"{what} must be a mapping of keys to values, not {_type_name(data)}")
-        for key in data:
-            if key not in known:
-                raise self.error(f"{what}: unknown key {key!r} (known keys: {', '.join(known)})", key)
-
-    def line_of(self, key: str | None = None) -> int | None:
-        if key is not None and isinstance(self.data, _Mapping):
-            return self.data.line_of(key)
-        return self.line
-
-    def where(self, key: str | None = None) -> str:
-        line = self.line_of(key)
-        return f"{self.source} line {line}" if line else self.source
-
-    def error(self, message: str, key: str | None = None) -> TdiffError:
-        return TdiffError(f"{self.where(key)}: {message}")
-
-    @overload
-    def text(self, key: str, *, required: Literal[True], pattern: re.Pattern | None = None,
-             describe: str = "", allow_empty: bool = False) -> str: ...
-    @overload
-    def text(self, key: str, *, required: bool = False, pattern: re.Pattern | None = None,
-             describe: str = "", allow_empty: bool = False) -> str | None: ...
-
-    def text(self, key: str, *, required: bool = False, pattern: re.Pattern | None = None,
-             describe: str = "", allow_empty: bool = False) -> str | None:
-        if key not in self.data:
-            if required:
-                raise self.error(f"{self.what}: missing key {key!r}")
-            return None
-        value = self.data[key]
-        if not isinstance(value, str):
-            raise self.error(f"{self.what}: {key!r} must be text, not {_type_name(value)}", key)
-        if not allow_empty and not value.strip():
-            raise self.error(f"{self.what}: {key!r} is empty", key)
-        if pattern is not None and not pattern.fullmatch(value):
-            raise self.error(f"{self.what}: {key!r} is {brief(value)}, not {describe}", key)
-        return value
-
-    def flag(self, key: str) -> bool:
-        value = self.data.get(key, False)
-        if not isinstance(value, bool):
-            raise self.error(f"{self.what}: {key!r} must be true or false, not {_type_name(value)}", key)
-        return value
-
-    def items(self, key: str, *, required: bool = False) -> list:
-        if key not in self.data:
-            if required:
-                raise self.error(f"{self.what}: missing key {key!r}")
-            return []
-        value = self.data[key]
-        if not isinstance(value, list) or not value:
-            raise self.error(f"{self.what}: {key!r} must be a non-empty list, not {_type_name(value)}", key)
-        return value
-
-
-def _type_name(value) -> str:
-    return {dict: "a mapping", _Mapping: "a mapping", list: "a list", str: "text", bool: "true/false",
-            int: "a number", float: "a number", type(None): "empty"}.get(type(value), type(value).__name__)
 
 
 def patch_from_mapping(data, source: str, line: int | None = None, *, what: str = "patch") -> PatchSpec:
@@ -281,7 +165,7 @@ def _edit(item, source: str, parent: Fields, index: int) -> Edit:
 
 
 def parse_patch_file(text: str, source: str) -> PatchFile:
-    data = load_yaml(text, source)
+    data = load_with_lines(text, source)
     top = Fields(data, source, "the file", ("patches", "combinations"), 1)
     items = top.items("patches", required=True)
     _name_after_targets(items)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import re
-import subprocess
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,15 +23,39 @@ from tdiff.align import choose_pairing
 from tdiff.compare.engine import CompareOptions, CompareReport, compare_dumps
 from tdiff.compare.metrics import EXACT, Tolerance
 from tdiff.errors import DumpError, TdiffError
-from tdiff.hooks.run import run_captured
+from tdiff.launch import CaptureConfig, failure, run_command
 from tdiff.source_patcher.bootstrap import child_config, read_applied_log
 from tdiff.source_patcher.spec import Candidate
-from tdiff.store.manifest import describe_exit
 from tdiff.store.reader import Dump, open_dump
 
 MATCH, DIVERGED, ERROR = "match", "diverged", "error"
 CONTROL = "control"
-MAX_PENDING_BYTES = 2 << 30
+
+
+@dataclass
+class TrialDivergence:
+    """A run's first tensor that differs from the baseline."""
+
+    name: str
+    module: str
+    role: str
+    step: int
+    call: int
+    rank: int
+    status: str
+    kind: str
+    position: int                        # index in execution order
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "module": self.module, "role": self.role, "step": self.step,
+                "call": self.call, "rank": self.rank, "status": self.status, "kind": self.kind,
+                "position": self.position}
+
+    @classmethod
+    def from_json(cls, data: dict) -> TrialDivergence:
+        return cls(name=data["name"], module=data["module"], role=data["role"], step=data["step"],
+                   call=data["call"], rank=data["rank"], status=data["status"], kind=data["kind"],
+                   position=data["position"])
 
 
 @dataclass
@@ -45,7 +68,7 @@ class TrialResult:
     dump: str
     log: str
     applied: list[str] = field(default_factory=list)   # patches that took effect in some process
-    first_divergence: dict | None = None
+    first_divergence: TrialDivergence | None = None
     position: int | None = None          # index of the first divergence in execution order
     moved_by: int | None = None          # position minus the control's (later is positive)
     mismatched: int | None = None        # tensors that differ from the baseline
@@ -53,10 +76,20 @@ class TrialResult:
     reason: str | None = None            # why the run failed
 
     def to_json(self) -> dict:
-        return {"name": self.name, "status": self.status, "first_divergence": self.first_divergence,
+        first = self.first_divergence
+        return {"name": self.name, "status": self.status, "first_divergence": first.to_json() if first else None,
                 "moved_by": self.moved_by, "mismatched": self.mismatched, "max_ulp": self.max_ulp,
                 "position": self.position, "patches": self.patches, "applied": self.applied,
                 "dump": self.dump, "log": self.log, "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, data: dict) -> TrialResult:
+        first = data["first_divergence"]
+        return cls(name=data["name"], patches=data["patches"], status=data["status"], dump=data["dump"],
+                   log=data["log"], applied=data["applied"],
+                   first_divergence=TrialDivergence.from_json(first) if first is not None else None,
+                   position=data["position"], moved_by=data["moved_by"], mismatched=data["mismatched"],
+                   max_ulp=data["max_ulp"], reason=data["reason"])
 
 
 @dataclass
@@ -82,6 +115,13 @@ class TrialReport:
                 "tolerance": self.tolerance, "control": self.control.to_json(),
                 "candidates": [c.to_json() for c in self.candidates],
                 "best": best.name if best else None}
+
+    @classmethod
+    def from_json(cls, data: dict) -> TrialReport:
+        """The report of its JSON (``best`` follows from the ranked candidates)."""
+        return cls(baseline=data["baseline"], command=data["command"], workdir=data["workdir"],
+                   tolerance=data["tolerance"], control=TrialResult.from_json(data["control"]),
+                   candidates=[TrialResult.from_json(c) for c in data["candidates"]])
 
 
 @dataclass
@@ -175,14 +215,14 @@ class _Runner:
             returncode = self._capture(self.baseline_command, baseline_out, f"{name} (A)", patches_config,
                                        self.workdir / f"{stem}.baseline.log", batch_row=None)
             if returncode != 0:
-                result.reason = "side A: " + _failure(self.workdir / f"{stem}.baseline.log", returncode)
+                result.reason = "side A: " + failure(returncode, self.workdir / f"{stem}.baseline.log")
                 return result
             baseline = open_dump(baseline_out)
         returncode = self._capture(self.command, out, name, patches_config, log,
                                    batch_row=self.selection.batch_row)
         result.applied = sorted({e["patch"] for e in read_applied_log(str(applied_log))})
         if returncode != 0:
-            result.reason = _failure(log, returncode)
+            result.reason = failure(returncode, log)
             return result
         try:
             dump = open_dump(out)
@@ -196,13 +236,11 @@ class _Runner:
 
     def _capture(self, command: list[str], out: Path, side: str, patches: dict, log: Path, *,
                  batch_row: int | None) -> int:
-        mode = self.baseline.info.get("mode", "full")
-        storage = self.baseline.info.get("storage", "safetensors")
-        config = {"side": side, "select": self.selection.select, "exclude": self.selection.exclude,
-                  "layers": self.selection.layers, "steps": self.selection.steps, "mode": mode,
-                  "storage": storage, "max_pending_bytes": MAX_PENDING_BYTES, "batch_row": batch_row}
-        with open(log, "w", encoding="utf-8") as handle:
-            return run_captured(command, out, config, patches=patches, stdout=handle, stderr=subprocess.STDOUT)
+        config = CaptureConfig(out=out, side=side, mode=self.baseline.info.get("mode", "full"),
+                               storage=self.baseline.info.get("storage", "safetensors"),
+                               select=tuple(self.selection.select), exclude=tuple(self.selection.exclude),
+                               layers=self.selection.layers, steps=self.selection.steps, batch_row=batch_row)
+        return run_command(command, capture=config, patches=patches, log=log)
 
 
 def _measure(result: TrialResult, report: CompareReport) -> None:
@@ -217,12 +255,7 @@ def _measure(result: TrialResult, report: CompareReport) -> None:
     result.status = DIVERGED
     result.position = report.comparisons.index(first)
     record = first.record
-    result.first_divergence = {"name": first.name, "module": record.module, "role": record.role,
-                               "step": record.step, "call": record.call, "rank": record.rank,
-                               "status": first.status, "kind": first.boundary_kind, "position": result.position}
-
-
-def _failure(log: Path, returncode: int) -> str:
-    lines = [line.strip() for line in log.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
-    detail = next((line for line in reversed(lines) if line.startswith("tdiff: error:")), lines[-1] if lines else "")
-    return f"the command {describe_exit(returncode)}" + (f": {detail}" if detail else "")
+    result.first_divergence = TrialDivergence(name=first.name, module=record.module, role=record.role,
+                                              step=record.step, call=record.call, rank=record.rank,
+                                              status=first.status, kind=first.boundary_kind,
+                                              position=result.position)

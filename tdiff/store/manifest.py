@@ -25,10 +25,12 @@ from pathlib import Path
 
 from tdiff.store.files import bounded_lines
 from tdiff.store.record import Record
+from tdiff.store.tokens import TokenBatch
 from tdiff.errors import DumpError
 
 FORMAT = "tdiff-dump"
-FORMAT_VERSION = 2  # 2: records of role "op" (capture --ops); version 1 dumps read as before
+FORMAT_VERSION = 3   # 2: "tokens" lines (token metadata per forward); 3: records of role "op" (capture --ops);
+                     # older dumps still read
 DUMP_FILE = "tdiff-dump.json"
 STORAGES = ("safetensors", "h5")   # tensor shard formats (tdiff.store.storage)
 MANIFEST_DIR = "manifests"
@@ -113,9 +115,11 @@ class ManifestJournal:
         self._file.write("".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines))
         self._file.flush()
 
-    def append(self, records: list[Record]) -> None:
-        if records:
-            self._write(*({"type": "record", **r.to_json()} for r in records))
+    def append(self, records: list[Record], tokens: Sequence[TokenBatch] = ()) -> None:
+        lines = [{"type": "tokens", **t.to_json()} for t in tokens]
+        lines += [{"type": "record", **r.to_json()} for r in records]
+        if lines:
+            self._write(*lines)
 
     def end(self, records: int, error: str | None = None, notes: Sequence[str] = ()) -> None:
         self._write({"type": "end", "records": records, "status": "failed" if error else "complete",
@@ -135,6 +139,7 @@ class Part:
     records: list[Record] = field(default_factory=list)
     problem: str | None = None   # why this part is incomplete, None when it is complete
     notes: list[str] = field(default_factory=list)  # what capture said about how it recorded
+    tokens: list[TokenBatch] = field(default_factory=list)  # token metadata, in the order written
 
     @property
     def rank(self) -> int:
@@ -174,6 +179,8 @@ def read_part(path: Path) -> Part:
             raise DumpError(f"{where} line {number}: data after the end line (corrupted manifest)")
         elif kind == "record":
             part.records.append(Record.from_json(entry, f"{where} line {number}"))
+        elif kind == "tokens":
+            part.tokens.append(TokenBatch.from_json(entry, f"{where} line {number}"))
         elif kind == "end":
             end = entry
         else:

@@ -21,6 +21,7 @@ from tdiff.store.manifest import DATA_DIR, DUMP_FILE, MANIFEST_DIR, Part, check_
 from tdiff.store.record import Record
 from tdiff.store import sglang_dumper
 from tdiff.store.storage import storage_for_file
+from tdiff.store.tokens import TokenBatch
 from tdiff.errors import DumpError
 
 
@@ -62,6 +63,16 @@ class Dump:
     def notes(self) -> list[str]:
         """What capture said about how it recorded (CUDA graphs, torch.compile), once each."""
         return list(dict.fromkeys(note for part in self.parts for note in part.notes))
+
+    def token_batches(self) -> dict[tuple[int, int], TokenBatch]:
+        """The token metadata of every forward, by (step, rank); where one forward was described
+        twice (captured automatically, then given by ``tdiff.tokens``), the last one written.
+        Empty for dumps without token metadata (format version 1, SGLang's dumper)."""
+        batches: dict[tuple[int, int], TokenBatch] = {}
+        for part in self.parts:
+            for batch in part.tokens:
+                batches[(batch.step, batch.rank)] = batch
+        return batches
 
     @property
     def side(self) -> str:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Any
+import types
+from typing import Any, Union, get_args, get_origin, get_type_hints
 from dataclasses import dataclass, field
 
 from tdiff.errors import DumpError
@@ -42,7 +43,7 @@ class Record:
     alias_of: int | None = None  # seq of an earlier record of the same tensor (stored once)
     attrs: dict = field(default_factory=dict)  # extra metadata: parallel ranks, canonical names
     op: dict | None = None      # role "op": the ATen op, its index in the call, where it ran, its inputs
-    part: str = ""              # the writing process's manifest part (set by the reader)
+    part: str = field(default="", metadata={"stored": False})  # the writing process's manifest part (set by the reader)
 
     @property
     def numel(self) -> int:
@@ -58,27 +59,27 @@ class Record:
         return (self.name, self.step, self.call, self.role, self.rank)
 
     def to_json(self) -> dict:
-        """The record as stored: fields at their default value are left out."""
+        """The record as stored: optional fields at their default value are left out."""
         out = {}
-        for f in dataclasses.fields(self):
+        for f in _STORED:
             value = getattr(self, f.name)
-            if f.name == "part" or (f.name not in _REQUIRED and value == _default(f)):
+            if _optional(f) and value == _default(f):
                 continue
-            out[f.name] = list(value) if f.name == "shape" else value
+            out[f.name] = list(value) if isinstance(value, tuple) else value
         return out
 
     @classmethod
     def from_json(cls, data: object, where: str = "record") -> Record:
         if not isinstance(data, dict):
             raise DumpError(f"{where}: a record must be a JSON object")
-        values: dict[str, Any] = {}   # each value checked against _SCHEMA below
-        for name, (kinds, optional) in _SCHEMA.items():
+        values: dict[str, Any] = {}   # each value checked against the JSON type of its field
+        for name, (kind, optional) in _SCHEMA.items():
             if name not in data or data[name] is None:
                 if not optional:
                     raise DumpError(f"{where}: field {name!r} is missing")
                 continue
             value = data[name]
-            if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in _as_tuple(kinds)):
+            if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
                 raise DumpError(f"{where}: field {name!r} has the wrong type ({type(value).__name__})")
             values[name] = value
         shape = values["shape"]
@@ -121,16 +122,20 @@ def _default(f: dataclasses.Field):
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
-def _as_tuple(kinds) -> tuple:
-    return kinds if isinstance(kinds, tuple) else (kinds,)
+def _optional(f: dataclasses.Field) -> bool:
+    return f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
 
 
-_SCHEMA = {
-    "seq": (int, False), "name": (str, False), "module": (str, False), "role": (str, False),
-    "step": (int, False), "call": (int, False), "rank": (int, False), "dtype": (str, False),
-    "shape": (list, False), "sub": (str, True), "module_class": (str, True), "parent": (str, True),
-    "depth": (int, True), "layer": (int, True), "device": (str, True), "stats": (dict, True),
-    "fingerprint": (str, True), "file": (str, True), "key": (str, True), "alias_of": (int, True), "attrs": (dict, True),
-    "op": (dict, True),
-}
-_REQUIRED = {name for name, (_, optional) in _SCHEMA.items() if not optional}
+def _json_type(hint) -> type:
+    """What JSON holds for a field of type ``hint``: ``str | None`` -> str, ``tuple[int, ...]`` -> list."""
+    members = get_args(hint) if get_origin(hint) in (Union, types.UnionType) else (hint,)
+    (member,) = [m for m in members if m is not type(None)]
+    origin = get_origin(member) or member
+    return list if origin is tuple else origin
+
+
+# The stored fields and, for reading them back, each one's JSON type and whether it may be left
+# out: all derived from the dataclass, the one definition of a record (docs/FORMAT.md lists them).
+_STORED = [f for f in dataclasses.fields(Record) if f.metadata.get("stored", True)]
+_HINTS = get_type_hints(Record)
+_SCHEMA = {f.name: (_json_type(_HINTS[f.name]), _optional(f)) for f in _STORED}

@@ -28,6 +28,7 @@ from tdiff.store.dtypes import dtype_name
 from tdiff.store.files import check_regular
 from tdiff.store.manifest import Part
 from tdiff.store.record import Record
+from tdiff.vocab.nested import Nested, leaf_name
 from tdiff.vocab.paths import ROOT_LABEL, layer_of
 
 FORMAT = "sglang-dumper"
@@ -59,10 +60,12 @@ def _has_dumper_files(path: Path) -> bool:
 
 def load_tensor(path: Path, record: Record) -> torch.Tensor:
     """One record's tensor from the dumper directory ``path`` (the reader's loader for FORMAT)."""
-    value = _unwrap(_read(path / record.file, mmap=False))[0]
-    tensor = _at(value, record.key)
-    if not isinstance(tensor, torch.Tensor):
-        raise DumpError(f"{path / record.file}: no tensor at {record.key!r}")
+    if record.file is None or record.key is None:
+        raise DumpError(f"{path}: {record.name} names no dumper file")
+    file = path / record.file
+    tensor = _DumperValue(file).leaf_at(_unwrap(_read(file, mmap=False))[0], record.key)
+    if tensor is None:
+        raise DumpError(f"{file}: no tensor at {record.key!r}")
     return tensor.detach().contiguous()
 
 
@@ -79,7 +82,7 @@ def index_dumper_dir(path: Path) -> tuple[dict, list[Part], list[Record], list[s
             if odd:
                 raise DumpError(f"{file}: the meta has a key {reprlib.repr(odd[0])}; tdiff reads metadata "
                                 "keyed by text")
-            tensors = list(_tensors(value, file))
+            tensors = list(_DumperValue(file).leaves(value))
         except DumpError as exc:
             problems.append(str(exc))
             continue
@@ -125,28 +128,22 @@ def _unwrap(obj) -> tuple[object, dict]:
     return obj, {}
 
 
-def _tensors(value, file: Path, prefix: str = "", depth: int = 0):
-    """(key, tensor) for each tensor in a value; keys join the path with dots, so a dict key must
-    be text without a dot for :func:`_at` to find it again."""
-    if depth > _MAX_DEPTH:
-        raise DumpError(f"{file}: value nested deeper than {_MAX_DEPTH} levels; not one tdiff reads")
-    if isinstance(value, torch.Tensor):
-        yield prefix, value
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            if not isinstance(k, str) or "." in k or not k:
-                raise DumpError(f"{file}: the value has a key {reprlib.repr(k)} at {prefix or 'the top'}; "
-                                "tdiff reads values whose keys are non-empty text without dots")
-            yield from _tensors(v, file, f"{prefix}.{k}" if prefix else k, depth + 1)
-    elif isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            yield from _tensors(v, file, f"{prefix}.{i}" if prefix else str(i), depth + 1)
+class _DumperValue(Nested[torch.Tensor]):
+    """The walk of one file's value, refusing what the reader could not find again by sub-name:
+    a key that is not text without dots, a value nested deeper than _MAX_DEPTH."""
 
+    def __init__(self, file: Path):
+        super().__init__(torch.Tensor, max_depth=_MAX_DEPTH)
+        self.file = file
 
-def _at(value, key: str):
-    for part in key.split(".") if key else []:
-        value = value[int(part)] if isinstance(value, (list, tuple)) else value[part]
-    return value
+    def mapping_key(self, key: object, prefix: str) -> str:
+        if not isinstance(key, str) or "." in key or not key:
+            raise DumpError(f"{self.file}: the value has a key {reprlib.repr(key)} at {prefix or 'the top'}; "
+                            "tdiff reads values whose keys are non-empty text without dots")
+        return key
+
+    def too_deep(self, prefix: str) -> None:
+        raise DumpError(f"{self.file}: value nested deeper than {_MAX_DEPTH} levels; not one tdiff reads")
 
 
 def _tags_from_name(name: str) -> dict:
@@ -179,8 +176,7 @@ def _record(file: str, key: str, tensor: torch.Tensor, tags: dict) -> Record:
     else:
         sub = key
     base = name if role == "explicit" else (module or ROOT_LABEL)
-    full_name = base + "".join(f"[{p}]" for p in sub.split(".")) if sub else base
-    return Record(seq=_int(tags.get("dump_index"), 0), name=full_name, module=module, role=role,
+    return Record(seq=_int(tags.get("dump_index"), 0), name=leaf_name(base, sub), module=module, role=role,
                   step=_int(tags.get("step"), 0), call=0, rank=_int(tags.get("rank"), 0),
                   dtype=dtype_name(tensor.dtype), shape=tuple(tensor.shape), sub=sub,
                   device="cpu", file=file, key=key, attrs=_attrs(tags))
@@ -246,7 +242,7 @@ def _framework(tags: dict) -> tuple[str | None, dict]:
 
 
 def _parallel(framework: str | None, info: dict, tags: dict) -> dict:
-    if _int(tags.get("world_size"), 1) <= 1 or not info:
+    if framework is None or _int(tags.get("world_size"), 1) <= 1 or not info:
         return {}
     keys = {"megatron": {"tp": "tp", "ep": "ep", "etp": "etp", "dp": "dp", "edp": "edp", "pp": "pp"},
             "sglang": {"tp": "tp", "moe_ep": "ep", "moe_tp": "etp", "attn_dp": "dp", "pp": "pp"}}[framework]

@@ -27,6 +27,7 @@ from tdiff.store.fingerprint import host_stats, stats_dict, xxh3_fingerprint
 from tdiff.store.manifest import DATA_DIR, ManifestJournal
 from tdiff.store.record import Record
 from tdiff.store.storage import storage_for
+from tdiff.store.tokens import TokenBatch
 
 DEFAULT_MAX_PENDING = 2 << 30
 DEFAULT_SHARD_BYTES = 512 << 20
@@ -75,6 +76,7 @@ class DumpWriter:
         self._shard: dict[str, torch.Tensor] = {}
         self._shard_bytes = 0
         self._records: list[Record] = []
+        self._tokens: list[TokenBatch] = []
         self._stored: dict[int, Record] = {}  # seq -> record holding the bytes (for aliases)
         self._thread = threading.Thread(target=self._run, name=f"tdiff-writer-{part}", daemon=True)
         self._thread.start()
@@ -100,6 +102,11 @@ class DumpWriter:
             self._pending_bytes += item.nbytes
             self.peak_pending_bytes = max(self.peak_pending_bytes, self._pending_bytes)
         self._queue.put(item)
+
+    def submit_tokens(self, batch: TokenBatch) -> None:
+        """Journal a forward's token metadata with the next records written."""
+        if not self.failed:
+            self._queue.put(batch)
 
     def flush(self) -> None:
         """Ask the writer to write out what it holds (at the end of a step, say)."""
@@ -136,6 +143,8 @@ class DumpWriter:
                 self._guarded(self._flush_shard)
             elif isinstance(item, threading.Event):
                 item.set()  # drain(): everything before it is handled
+            elif isinstance(item, TokenBatch):
+                self._tokens.append(item)
             elif self.failed:
                 self._release(item.nbytes)
             else:
@@ -178,9 +187,10 @@ class DumpWriter:
         if self._shard:
             self.storage.write(self.root / DATA_DIR / self._shard_name(), self._shard)
             self._shard_index += 1
-        self._journal.append(self._records)
+        self._journal.append(self._records, self._tokens)
         self.records_written += len(self._records)
         self._records = []
+        self._tokens = []
         self._shard = {}
         self._release(self._shard_bytes)
         self._shard_bytes = 0
@@ -196,6 +206,7 @@ class DumpWriter:
         self._report(f"{reason}; capture stopped, the dump is marked incomplete")
         self._shard = {}
         self._records = []
+        self._tokens = []
         self._release(self._shard_bytes)
         self._shard_bytes = 0
         with self._space:

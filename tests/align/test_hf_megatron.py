@@ -2,6 +2,10 @@
 
 import pytest
 
+from tdiff.align import choose_pairing
+from tdiff.compare import CompareOptions, Tolerance, compare_dumps
+from tdiff.report.model import build_report
+from tdiff.store import open_dump
 from tests.align.conftest import by_name, compare_json
 from tests.helpers import tdiff_cli
 
@@ -65,3 +69,19 @@ def test_text_report_names_what_a_framework_does_not_expose(dumps):
     assert "aligned by canonical boundary" in result.output
     assert "not exposed by A (Hugging Face transformers), 2 not compared: attn.q_rope" in result.output
     assert "not exposed by B (Megatron-core), 2 not compared: moe.router" in result.output
+
+
+def test_a_cross_framework_report_keeps_its_culprits_per_token_plot(dumps, tmp_path):
+    """The comparison carries its canonical pairing, and the report reloads the culprit through it:
+    paired again by name, `layers.1.mlp.down` (no record's name) would not be found."""
+    hf, planted = open_dump(dumps["hf:qwen2"]), open_dump(dumps["planted:qwen2"])
+    compared = compare_dumps(hf, planted, CompareOptions(tolerance=Tolerance(atol=1e-5)),
+                             pairing=choose_pairing(hf, planted))
+    culprit = build_report(compared).culprit
+    assert culprit.comparison.name == "layers.1.mlp.down" and culprit.tokens_note is None
+    tokens = culprit.tokens
+    assert max(tokens.max_abs) > 1e-5 and tokens.tokens_differ > 0
+    tdiff_cli("report", dumps["hf:qwen2"], dumps["planted:qwen2"], "--atol", "1e-5", "--format", "html",
+              "-o", tmp_path / "r.html", expect=1)
+    page = (tmp_path / "r.html").read_text(encoding="utf-8")
+    assert 'id="plot-tokens"' in page and "No per-token plot" not in page

@@ -137,20 +137,26 @@ def test_without_a_mapping_the_unknown_model_is_refused(pair):
     assert "no adapter knows this model (classes from package 'tests'); write a mapping file" in result.output
 
 
-@pytest.mark.parametrize("text, message", [
-    ("rules: [", "not valid YAML"),
-    ("rules: []", "'rules' must be a non-empty list"),
-    ("rules:\n  - {module: 'x(', boundary: embedding}", "is not a valid regular expression"),
-    ("rules:\n  - {module: 'blocks\\.0\\.qkv', boundary: attn.q}", "is a per-layer boundary"),
-    ("rules:\n  - {module: x, boundary: embedding, layout: sbh}", "layout must be one of bs, sb, t"),
-    ("rules:\n  - {module: x, boundary: embedding, shard: [{axis: cp, dim: 0}]}", "shard must be a list"),
-    ("side: c\nrules:\n  - {module: x, boundary: embedding}", "side must be a, b or both"),
-    ("rules:\n  - {module: x, boundary: embedding, colour: red}", "unknown key(s) colour"),
+@pytest.mark.parametrize("text, line, message", [
+    ("rules: [", 1, "not valid YAML"),
+    ("label: x\nrules: []", 2, "the file: 'rules' must be a non-empty list"),
+    ("rules:\n  - {module: 'x(', boundary: embedding}", 2, "rule 1: 'x(' is not a valid regular expression"),
+    ("rules:\n  - {module: 'blocks\\.0\\.qkv', boundary: attn.q}", 2, "rule 1: 'attn.q' is a per-layer boundary"),
+    ("rules:\n  - {module: x, boundary: embedding, layout: sbh}", 2, "rule 1: layout must be one of bs, sb, t"),
+    ("rules:\n  - {module: x, boundary: embedding, shard: [{axis: cp, dim: 0}]}", 2, "rule 1: shard must be a list"),
+    ("side: c\nrules:\n  - {module: x, boundary: embedding}", 1, "side must be one of a, b, both, not 'c'"),
+    ("rules:\n  - module: x\n    boundary: embedding\n  - module: y\n\n    colour: red\n    boundary: logits",
+     6, "rule 2: unknown key 'colour'"),
+    ("rules:\n  - {module: x, boundary: embedding}\n  - {module: y, boundary: embedding, role: inputs}", 3,
+     "rule 2: role must be one of input, output, not 'inputs'"),
+    ("rules:\n  - {module: x, boundary: embedding}\nrules: []", 3, "duplicate key 'rules' (first on line 1)"),
+    ("rules:\n  - explicit: x\n    boundary: logits\nnot_exposed: [a]", 4, "not_exposed must map boundary names"),
 ])
-def test_mapping_mistakes_exit_2_naming_the_rule(pair, tmp_path, text, message):
+def test_mapping_mistakes_exit_2_naming_the_line_and_rule(pair, tmp_path, text, line, message):
     (tmp_path / "bad.yaml").write_text(text)
     result = tdiff_cli("compare", pair / "hf", pair / "user", "--mapping", tmp_path / "bad.yaml", expect=2)
-    assert message in result.output and "Traceback" not in result.output
+    assert f"bad.yaml line {line}: " in result.output and message in result.output, result.output
+    assert "Traceback" not in result.output
 
 
 def test_a_mapping_for_two_known_frameworks_must_name_its_side(pair, dumps, tmp_path):

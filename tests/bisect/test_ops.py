@@ -14,6 +14,7 @@ import torch
 
 import tdiff
 from tdiff.bisect import bisect_dumps
+from tdiff.bisect.result import BisectResult
 from tests.bisect import planted
 from tests.bisect.programs import tiny_moe
 from tests.helpers import REPO, installed_tdiff, tdiff_cli, tiny_qwen2, token_ids
@@ -70,6 +71,7 @@ def test_a_change_inside_apply_rotary_pos_emb_is_named_with_its_op_and_line(tmp_
     monkeypatch.undo()  # HF's own function again, to read its lines
     assert_source_in(modeling_qwen2, op["function"], op["source"])
     assert op["index"] == op["index_b"]  # every op before it matched, one for one
+    assert BisectResult.from_json(result.to_json()) == result  # the op reads back from the JSON
 
 
 def test_hf_moe_experts_combining_in_another_order_name_index_add(tmp_path):

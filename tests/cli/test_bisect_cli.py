@@ -77,7 +77,7 @@ def test_usage_errors_exit_2_with_one_line(dumps, tmp_path, args, message):
 
 def test_a_failing_command_is_reported_in_one_line(tmp_path):
     result = tdiff_cli("bisect", "--run-a", "exit 3", "--run-b", "exit 3", "--work", tmp_path / "w", expect=2)
-    assert "run A1 (stats pass) failed: the command exited with 3" in result.stderr
+    assert "run A1 (stats pass) failed: the command exited with code 3" in result.stderr
     assert "Traceback" not in result.output
 
 

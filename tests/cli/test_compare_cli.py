@@ -5,6 +5,8 @@ import json
 import torch
 
 import tdiff
+from tdiff.compare import CompareOptions, Tolerance, compare_dumps
+from tdiff.store import open_dump
 from tests.helpers import tdiff_cli
 
 
@@ -27,6 +29,15 @@ def test_match_exits_0_and_divergence_exits_1_with_json(tmp_path):
     assert report["summary"] == {"compared": 2, "match": 1, "mismatch": 1, "only_a": 0, "only_b": 0,
                                  "shape_mismatch": 0, "dtype_mismatch": 0}
     assert report["first_divergence"]["metrics"]["mismatched"] == 3
+
+
+def test_the_json_printed_is_the_json_of_the_comparison_compare_dumps_returns(tmp_path):
+    a = dump_of(tmp_path / "a", x=torch.ones(3), y=torch.arange(4.0), z=torch.zeros(2))
+    b = dump_of(tmp_path / "b", x=torch.ones(3), y=torch.arange(4.0) * 1.5, z=torch.zeros(2, 1))
+    printed = json.loads(tdiff_cli("compare", a, b, "--json", "--atol", "0.5", expect=1).output)
+    report = compare_dumps(open_dump(a), open_dump(b), CompareOptions(tolerance=Tolerance(atol=0.5)))
+    assert printed == json.loads(json.dumps(report.to_json()))
+    assert [t["status"] for t in printed["tensors"]] == ["match", "mismatch", "shape_mismatch"]
 
 
 def test_the_same_dump_as_a_and_b_is_said_to_be_the_same_dump(tmp_path):

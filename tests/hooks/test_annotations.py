@@ -35,6 +35,14 @@ def test_every_module_record_names_the_package_of_its_class(tmp_path):
     assert records[("extra", "explicit")].attrs == {}
 
 
+def register_for_this_test(monkeypatch, annotate):
+    """Annotate this test package's classes (framework ``tests``) until the test ends: both
+    registries are swapped for copies, so nothing resolved here outlives the test (other tests'
+    classes come from ``tests`` too)."""
+    monkeypatch.setattr(annotations, "_registered", {**annotations._registered, "tests": annotate})
+    monkeypatch.setattr(annotations, "_resolved", {})
+
+
 def test_an_annotator_describes_its_frameworks_modules_and_the_torch_modules_inside(tmp_path, monkeypatch):
     seen = []
 
@@ -42,8 +50,7 @@ def test_an_annotator_describes_its_frameworks_modules_and_the_torch_modules_ins
         seen.append((type(module).__name__, path, role, sub))
         return {"parallel": {"tp": [0, 1]}, "shape_seen": list(tensor.shape)}
 
-    monkeypatch.setitem(annotations._registered, "tests", annotate)
-    monkeypatch.delitem(annotations._resolved, "tests", raising=False)
+    register_for_this_test(monkeypatch, annotate)
     with tdiff.capture(tmp_path / "d"):
         Outer()(torch.ones(4, 3))
     records = records_by_name(tmp_path / "d")
@@ -57,11 +64,9 @@ def test_a_failing_annotator_never_breaks_the_captured_program(tmp_path, monkeyp
     def annotate(module, path, role, sub, tensor):
         raise RuntimeError("boom")
 
-    monkeypatch.setitem(annotations._registered, "tests", annotate)
-    monkeypatch.delitem(annotations._resolved, "tests", raising=False)
+    register_for_this_test(monkeypatch, annotate)
     with tdiff.capture(tmp_path / "d"):
         out = Outer()(torch.ones(4, 3))
     assert out.shape == (4, 2)
     assert "the tests annotator failed (RuntimeError: boom)" in capsys.readouterr().err
     assert records_by_name(tmp_path / "d")[("inner", "output")].attrs == {"framework": "torch"}
-    monkeypatch.delitem(annotations._resolved, "tests", raising=False)

@@ -264,3 +264,30 @@ def test_graph_rows_takes_a_positive_count():
 def test_graph_budget_must_be_a_size(tmp_path):
     result = tdiff_cli("capture", "--out", tmp_path / "d", "--graph-budget", "lots", "--", "true", expect=2)
     assert "--graph-budget 'lots' is not a size" in result.output
+
+
+@cuda
+def test_tokens_given_before_each_replay_describe_that_replay(tmp_path):
+    """A decode step replayed from a CUDA graph: no model call reads its batch, the engine's
+    token source gives it with tdiff.tokens before the replay."""
+    model, inputs = Tiny().cuda(), batches()
+    static_x = torch.zeros_like(inputs[0])
+    with torch.no_grad(), tdiff.capture(tmp_path / "g"):
+        with tdiff.warmup():
+            model(static_x)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            model(static_x)
+        for step, x in enumerate(inputs):
+            static_x.copy_(x)
+            tdiff.tokens(input_ids=torch.arange(len(x)).cuda() + step, positions=torch.full((len(x),), 4 + step),
+                         seq_lens=torch.ones(len(x), dtype=torch.long))
+            graph.replay()
+        torch.cuda.synchronize()
+    dump = open_dump(tmp_path / "g")
+    steps = sorted({r.step for r in dump.records})
+    batches_by_step = dump.token_batches()
+    assert sorted(step for step, _ in batches_by_step) == steps
+    for index, step in enumerate(steps):
+        batch = batches_by_step[(step, 0)]
+        assert batch.positions == [4 + index] * len(inputs[index]) and batch.input_ids[0] == index

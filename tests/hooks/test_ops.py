@@ -10,7 +10,7 @@ import torch
 
 import tdiff
 from tdiff.errors import DumpError
-from tdiff.store import open_dump
+from tdiff.store import FORMAT_VERSION, open_dump
 from tdiff.store.record import Record
 from tests.helpers import REPO, tdiff_cli, tiny_qwen2, token_ids
 
@@ -115,7 +115,7 @@ def test_capture_cli_ops_records_ops_of_the_selected_modules(tmp_path):
     dump = open_dump(tmp_path / "d")
     assert {r.module for r in dump.ops} == {"model.layers.0.mlp", "model.layers.1.mlp"}
     assert f"and {len(dump.ops)} op outputs" in result.stderr
-    assert json.loads((tmp_path / "d" / "tdiff-dump.json").read_text())["version"] == 2
+    assert json.loads((tmp_path / "d" / "tdiff-dump.json").read_text())["version"] == FORMAT_VERSION
 
 
 def test_an_op_record_without_its_op_fields_is_refused():

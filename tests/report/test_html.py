@@ -56,7 +56,7 @@ def test_html_contents_follow_the_report(demo_dumps):
 
 def test_the_bisect_answer_comes_right_under_the_headline_above_the_plots(demo_dumps):
     a, b, _ = demo_dumps
-    bisected = bisect_dumps(open_dump(a), open_dump(b)).to_json()
+    bisected = bisect_dumps(open_dump(a), open_dump(b))
     page = render_html(build_report(compare_dumps(open_dump(a), open_dump(b)), bisect=bisected))
     counts_line = page.index("tensors differ (bitwise)")
     bisect = page.index('<h2 id="bisect">')

@@ -2,16 +2,19 @@
 
 import json
 import re
+from dataclasses import replace
 
 import numpy as np
 import torch
 
 import tdiff
+from tdiff.bisect import bisect_dumps
 from tdiff.compare.engine import compare_dumps
 from tdiff.compare.metrics import ulp_at, ulp_distance
 from tdiff.report.console import fmt_number
 from tdiff.report.markdown import COMMENT_LIMIT, GH_MARKER, render_markdown
 from tdiff.report.model import build_report
+from tdiff.source_patcher.trial import TrialDivergence, TrialReport, TrialResult
 from tdiff.store import open_dump
 from tests.helpers import tdiff_cli
 
@@ -147,52 +150,59 @@ def test_bisect_flag_adds_the_bisect_result(demo_dumps):
     assert f"Introduced at** `{PLANTED}` (output, kind norm, layer 1" in section
 
 
-BISECT = {"status": "diverged", "checked": 61, "trail": ["model.layers.1", "model"],
-          "first_divergence": {"name": PLANTED, "module": PLANTED, "module_b": PLANTED, "layer": 1,
-                               "kind": "norm", "step": 0, "event": "output", "introduced": True,
-                               "metrics": {"max_abs": 0.015625, "max_ulp": 1, "mismatch_fraction": 0.390625,
-                                           "cosine": 0.999994285}}}
-
-
 def demo_report(demo_dumps, **extra):
     a, b, _ = demo_dumps
     return build_report(compare_dumps(open_dump(a), open_dump(b)), **extra)
 
 
-def test_bisect_section_renders_the_bisect_json(demo_dumps):
-    text = render_markdown(demo_report(demo_dumps, bisect=BISECT))
+def test_bisect_section_renders_the_bisect_result(demo_dumps):
+    a, b, a2 = demo_dumps
+    bisected = bisect_dumps(a, b)
+    figures = planted_figures(demo_dumps)
+    text = render_markdown(demo_report(demo_dumps, bisect=bisected))
     section = text.split("### Bisect")[1]
-    assert f"**Introduced at** `{PLANTED}` (output, kind norm, layer 1, step 0); 61 events checked." in section
+    assert (f"**Introduced at** `{PLANTED}` (output, kind norm, layer 1, step 0); "
+            f"{bisected.checked:,} events checked.") in section
     rows = {row[0]: row[1] for row in table_rows(section, "|   | value |")}
-    assert rows["kind"] == "norm" and rows["max ULP"] == "1" and rows["mismatch"] == "39.1%"
-    assert rows["cosine"] == "0.999994285" and rows["module (B)"] == f"`{PLANTED}`"
-    assert rows["trail (enclosing modules that also differ)"] == "`model.layers.1`, `model`"
+    assert rows["kind"] == "norm" and rows["max ULP"] == figures["max_ulp"] and rows["mismatch"] == figures["percent"]
+    assert rows["max abs"] == figures["max_abs"] and rows["module (B)"] == f"`{PLANTED}`"
+    assert [t.module for t in bisected.trail] == ["model.layers.1", "model", ""]
+    assert rows["trail (enclosing modules that also differ)"] == ", ".join(f"`{t.name}`" for t in bisected.trail)
 
-    between = {**BISECT, "first_divergence": {**BISECT["first_divergence"], "event": "between",
-                                              "introduced": False, "name": "model.layers.1 forward"}}
+    between = replace(bisected, first_divergence=replace(bisected.first_divergence, event="between",
+                                                         introduced=False, name="model.layers.1 forward"))
     text = render_markdown(demo_report(demo_dumps, bisect=between))
     assert "**First differs at** `model.layers.1 forward` (between" in text
     assert "could not prove the divergence is introduced here" in text
-    text = render_markdown(demo_report(demo_dumps, bisect={"status": "match", "first_divergence": None,
-                                                           "checked": 143, "trail": []}))
-    assert "**Match:** bisect found no divergence (143 events checked)." in text
+    matched = bisect_dumps(a, a2)
+    text = render_markdown(demo_report(demo_dumps, bisect=matched))
+    assert f"**Match:** bisect found no divergence ({matched.checked:,} events checked)." in text
 
 
 def test_patch_results_become_a_ranked_table(demo_dumps, tmp_path):
     a, b, _ = demo_dumps
-    trials = {"control": {"name": "control", "status": "diverged", "first_divergence": {"name": PLANTED},
-                          "moved_by": 0, "mismatched": 71, "max_ulp": 29979},
-              "candidates": [{"name": "fp32-rmsnorm", "status": "match", "first_divergence": None,
-                              "moved_by": None, "mismatched": 0, "max_ulp": 0},
-                             {"name": "fp32-rope", "status": "diverged", "first_divergence": PLANTED,
-                              "moved_by": 0, "mismatched": 71, "max_ulp": 29979}],
-              "best": "fp32-rmsnorm"}
-    (tmp_path / "trials.json").write_text(json.dumps(trials))
+    first = TrialDivergence(name=PLANTED, module=PLANTED, role="output", step=0, call=0, rank=0,
+                            status="mismatch", kind="norm", position=61)
+
+    def trial(name, status, **figures):
+        return TrialResult(name=name, patches=[name], status=status, dump=f"w/{name}", log=f"w/{name}.log",
+                           **figures)
+
+    trials = TrialReport(
+        baseline=str(a), command=["python", "run.py"], workdir="w", tolerance="bitwise",
+        control=trial("control", "diverged", first_divergence=first, position=61, mismatched=71, max_ulp=29979),
+        candidates=[trial("fp32-rmsnorm", "match", mismatched=0, max_ulp=0),
+                    trial("fp32-rope", "diverged", first_divergence=first, position=61, moved_by=0,
+                          mismatched=71, max_ulp=29979)])
+    (tmp_path / "trials.json").write_text(json.dumps(trials.to_json()))
+    assert TrialReport.from_json(json.loads((tmp_path / "trials.json").read_text())) == trials
     text = tdiff_cli("report", a, b, "--patch-results", tmp_path / "trials.json", expect=1).stdout
     rows = table_rows(text, "| candidate | status |")
-    assert rows == [["**control** (unpatched)", "diverged", f"`{PLANTED}`", "0", "71", "29,979"],
+    assert rows == [["**control** (unpatched)", "diverged", f"`{PLANTED}`", "-", "71", "29,979"],
                     ["`fp32-rmsnorm` ★ best", "match", "-", "-", "0", "0"],
                     ["`fp32-rope`", "diverged", f"`{PLANTED}`", "0", "71", "29,979"]]
+    reported = tdiff_cli("report", a, b, "--patch-results", tmp_path / "trials.json", "--format", "json", expect=1)
+    assert json.loads(reported.stdout)["patch_results"] == trials.to_json()  # the trials' JSON, as written
 
 
 def test_names_with_markdown_syntax_keep_the_table_intact(tmp_path):

@@ -9,6 +9,7 @@ import textwrap
 import pytest
 
 from tdiff.bootstrap import child_environment
+from tdiff.launch import patches_env
 from tdiff.source_patcher.spec import parse_patch_file, patches_config
 from tdiff.store import open_dump
 from tests.helpers import tdiff_cli, tdiff_command, tdiff_process
@@ -131,7 +132,7 @@ def test_a_process_that_finds_another_version_of_the_target_fails_closed(tmp_pat
 def test_the_bootstrap_fails_closed_on_any_patch_that_cannot_apply(tmp_path):
     patches = parse_patch_file("patches:\n  - name: broken\n    target: json.dumps\n    edits:\n"
                                "      - match: 'no such line'\n        replacement: 'pass'\n", "x.yaml").patches
-    env = child_environment(patches=patches_config(patches))
+    env = child_environment(patches_env(patches_config(patches)))
     result = subprocess.run([sys.executable, "-c", "import json; print('ran')"], env=env, capture_output=True,
                             text=True)
     assert result.returncode == 2 and "ran" not in result.stdout
@@ -173,7 +174,7 @@ def test_unknown_keys_and_bad_yaml_are_usage_errors_with_the_line(tmp_path):
 def test_patches_config_round_trips_through_the_environment():
     patches = parse_patch_file("patches:\n  - name: a\n    target: json.dumps\n    replace_with: json:loads\n",
                                "x.yaml").patches
-    assert json.loads(child_environment(patches=patches_config(patches))["TDIFF_PATCHES"])["patches"][0] == {
+    assert json.loads(child_environment(patches_env(patches_config(patches)))["TDIFF_PATCHES"])["patches"][0] == {
         "name": "a", "target": "json.dumps", "replace_with": "json:loads"}
 
 

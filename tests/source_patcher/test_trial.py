@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tdiff.bisect import BisectResult
+from tdiff.source_patcher.trial import TrialReport
 from tests.helpers import DEMO, REPO, tdiff_cli, tdiff_process
 
 PLANTED = Path(__file__).with_name("planted.py")
@@ -187,3 +189,6 @@ def test_bisect_try_builtin_trials_the_catalogue_entries_for_the_culprits_kind(t
     assert trials["best"] == "logsoftmax-fp32" and trials["control"]["status"] == "diverged"
     assert by_name(trials)["logsoftmax-fp32"]["status"] == "match"
     assert "logsoftmax-fp32" in result.stderr  # progress, one line per run
+    # the printed JSON reads back into the typed result, trials included, and writes out as printed
+    assert BisectResult.from_json(found).to_json() == found
+    assert TrialReport.from_json(trials) == BisectResult.from_json(found).trials

@@ -1,6 +1,8 @@
 """Manifests: records validated field by field, incomplete and newer dumps recognised."""
 
+import dataclasses
 import json
+import re
 
 import pytest
 import torch
@@ -9,6 +11,7 @@ import tdiff
 from tdiff.errors import DumpError
 from tdiff.store import FORMAT_VERSION, Record, open_dump
 from tdiff.store.manifest import DUMP_FILE, MANIFEST_DIR
+from tests.helpers import REPO
 
 
 def small_dump(path):
@@ -28,6 +31,24 @@ def test_record_round_trips_through_json():
                     rank=0, dtype="bfloat16", shape=(2, 3), sub="0", stats={"min": 0.0}, file="p.s00000.safetensors",
                     key="t3", attrs={"tp_rank": 1})
     assert Record.from_json(json.loads(json.dumps(record.to_json()))) == record
+
+
+def test_every_stored_field_round_trips_and_is_documented():
+    """A record with no field at its default stores every field; docs/FORMAT.md lists exactly those."""
+    record = Record(seq=3, name="m.layers.0.mlp[0]", module="m.layers.0.mlp", role="input", step=1, call=2,
+                    rank=1, dtype="bfloat16", shape=(2, 3), sub="0", module_class="MLP", parent="m.layers.0",
+                    depth=2, layer=4, device="cuda:0", stats={"min": 0.0}, fingerprint="xxh3:" + "0" * 32,
+                    file="p.s00000.safetensors", key="t3", alias_of=1, attrs={"framework": "torch"})
+    stored = record.to_json()
+    assert Record.from_json(json.loads(json.dumps(stored))) == record
+    # an op record (capture --ops) stores its op too
+    op_record = dataclasses.replace(record, role="op", op={"name": "aten::neg", "index": 0, "function": "f",
+                                                           "source": "a.py:1", "inputs": [1, None]})
+    op_stored = op_record.to_json()
+    assert Record.from_json(json.loads(json.dumps(op_stored))) == op_record
+    table = (REPO / "docs" / "FORMAT.md").read_text().split("Record fields")[1].split(":\n\n", 1)[1].split("\n\n")[0]
+    documented = {name for row in table.splitlines()[2:] for name in re.findall(r"`(\w+)`", row.split("|")[1])}
+    assert documented == set(stored) | set(op_stored)
 
 
 @pytest.mark.parametrize("field, value, message", [

@@ -66,6 +66,18 @@ def test_older_raw_tensor_files_take_their_metadata_from_the_name(tmp_path):
     assert dump.load(second).equal(value * 2)
 
 
+def test_nested_values_are_named_as_capture_names_them_and_load_back(tmp_path):
+    a, b, c = torch.arange(3.0), torch.ones(2), torch.zeros(4)
+    value = {"h": [a, (b, {"cos": c, "n": 3})]}
+    torch.save({"value": value, "meta": {}},
+               tmp_path / "step=0___rank=0___dump_index=1___name=non_intrusive__model.layers.0.output.pt")
+    dump = open_dump(tmp_path)
+    base = "model.layers.0"
+    assert [(r.name, r.sub) for r in dump.records] == [
+        (f"{base}[h][0]", "h.0"), (f"{base}[h][1][0]", "h.1.0"), (f"{base}[h][1][1][cos]", "h.1.1.cos")]
+    assert all(dump.load(r).equal(t) for r, t in zip(dump.records, (a, b, c), strict=True))
+
+
 class Payload:
     """What a malicious or foreign pickle may hold: loading it would run code."""
 

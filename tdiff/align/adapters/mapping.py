@@ -16,8 +16,8 @@
     not_exposed:
       attn.q_rope: applied in a function
 
-Records no rule matches are listed as unmapped in the report. The file is read with
-the bounded safe loader of :mod:`tdiff.bounded_yaml`.
+Records no rule matches are listed as unmapped in the report. The file is read and checked as
+patch files are (:mod:`tdiff.bounded_yaml`): a mistake is reported with its line.
 """
 
 from __future__ import annotations
@@ -29,16 +29,16 @@ from pathlib import Path
 from tdiff.align.adapters.base import Adapter, View
 from tdiff.align.canonical import Piece
 from tdiff.align.ops import Narrow, TokensFirst
-from tdiff import bounded_yaml
-from tdiff.bounded_yaml import brief
+from tdiff.bounded_yaml import Fields, load_with_lines
 from tdiff.errors import TdiffError
 from tdiff.store.files import read_regular
 from tdiff.vocab.boundaries import LAYER_BOUNDARIES, kind_of
 from tdiff.vocab.kinds import KINDS
 
 LAYOUTS = ("bs", "sb", "t")
-_RULE_KEYS = {"module", "explicit", "role", "sub", "boundary", "layout", "slice", "shard", "kind"}
-_FILE_KEYS = {"side", "label", "layout", "rules", "not_exposed"}
+_LAYOUT_NAMES = " ([batch, seq, ...], [seq, batch, ...], [tokens, ...])"
+_RULE_KEYS = ("module", "explicit", "role", "sub", "boundary", "layout", "slice", "shard", "kind")
+_FILE_KEYS = ("side", "label", "layout", "rules", "not_exposed")
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class MappingAdapter(Adapter):
         super().__init__()
         self.path = Path(path)
         self.label = str(data.get("label") or f"mapping {self.path.name}")
-        self.sides = data.get("side")
+        self.sides: str | None = data.get("side")
         self.mapping_rules = mapping_rules
         self.not_exposed = not_exposed
 
@@ -88,80 +88,56 @@ class MappingAdapter(Adapter):
 
 
 def load_mapping(path: str | Path) -> MappingAdapter:
-    """Read and check a mapping file; every mistake is reported with the rule at fault."""
+    """Read and check a mapping file; every mistake is reported with its line and the rule at fault."""
     path = Path(path)
     where = f"--mapping {path}"
     try:
         text = read_regular(path, "mapping file").decode("utf-8")
     except (TdiffError, UnicodeDecodeError) as exc:
         raise TdiffError(f"--mapping {exc}") from None
-    data = bounded_yaml.load(text, where)
-    if not isinstance(data, dict):
-        raise TdiffError(f"{where}: expected a mapping with a 'rules' list")
-    unknown = set(data) - _FILE_KEYS
-    if unknown:
-        raise TdiffError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; use {', '.join(sorted(_FILE_KEYS))}")
-    if data.get("side") not in (None, "a", "b", "both"):
-        raise TdiffError(f"{where}: side must be a, b or both, not {brief(data.get('side'))}")
-    default_layout = _layout(data.get("layout", "bs"), where)
-    rules = data.get("rules")
-    if not isinstance(rules, list) or not rules:
-        raise TdiffError(f"{where}: 'rules' must be a non-empty list")
-    parsed = [_rule(rule, default_layout, f"{where}: rule {i + 1}") for i, rule in enumerate(rules)]
-    not_exposed = data.get("not_exposed") or {}
+    top = Fields(load_with_lines(text, where), where, "the file", _FILE_KEYS, 1)
+    top.choice("side", ("a", "b", "both"))
+    default_layout = top.choice("layout", LAYOUTS, "bs", _LAYOUT_NAMES)
+    parsed = [_rule(Fields(rule, where, f"rule {i}", _RULE_KEYS, top.line_of("rules")), default_layout)
+              for i, rule in enumerate(top.items("rules", required=True), 1)]
+    not_exposed = top.data.get("not_exposed") or {}
     if not isinstance(not_exposed, dict) or not all(isinstance(v, str) for v in not_exposed.values()):
-        raise TdiffError(f"{where}: not_exposed must map boundary names to reasons")
-    return MappingAdapter(path, data, parsed, {str(k): v for k, v in not_exposed.items()})
+        raise top.error("not_exposed must map boundary names to reasons", "not_exposed")
+    return MappingAdapter(path, top.data, parsed, {str(k): v for k, v in not_exposed.items()})
 
 
-def _rule(rule, default_layout: str, where: str) -> MappingRule:
-    if not isinstance(rule, dict):
-        raise TdiffError(f"{where}: expected a mapping with 'module' (or 'explicit') and 'boundary'")
-    unknown = set(rule) - _RULE_KEYS
-    if unknown:
-        raise TdiffError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
-    if ("module" in rule) == ("explicit" in rule):
-        raise TdiffError(f"{where}: give exactly one of 'module' (a module path regex) or 'explicit' (a dump name)")
-    explicit = "explicit" in rule
-    source = str(rule["explicit" if explicit else "module"])
+def _rule(rule: Fields, default_layout: str) -> MappingRule:
+    if ("module" in rule.data) == ("explicit" in rule.data):
+        raise rule.error(f"{rule.what}: give exactly one of 'module' (a module path regex) or 'explicit' (a dump name)")
+    explicit = "explicit" in rule.data
+    key = "explicit" if explicit else "module"
+    source = str(rule.data[key])       # a module named by a number ("0") may be written unquoted
     try:
         pattern = re.compile(source)
     except re.error as exc:
-        raise TdiffError(f"{where}: {source!r} is not a valid regular expression: {exc}") from None
-    boundary = rule.get("boundary")
-    if not isinstance(boundary, str) or not boundary:
-        raise TdiffError(f"{where}: 'boundary' must name a canonical boundary (docs/BOUNDARIES.md)")
+        raise rule.error(f"{rule.what}: {source!r} is not a valid regular expression: {exc}", key) from None
+    boundary = rule.text("boundary", required=True)
     has_layer = "layer" in pattern.groupindex
     if boundary in LAYER_BOUNDARIES and not has_layer:
-        raise TdiffError(f"{where}: {boundary!r} is a per-layer boundary: capture the layer index with "
-                         "(?P<layer>\\d+) in the regex")
-    kind = rule.get("kind") or (kind_of(f"layers.0.{boundary}") if has_layer and boundary in LAYER_BOUNDARIES
-                                else kind_of(boundary))
-    if kind not in KINDS:
-        raise TdiffError(f"{where}: kind {brief(kind)} is not one of {', '.join(KINDS)}")
-    role = rule.get("role", "output")
-    if role not in ("input", "output"):
-        raise TdiffError(f"{where}: role must be input or output, not {brief(role)}")
-    sub = rule.get("sub")
+        raise rule.error(f"{rule.what}: {boundary!r} is a per-layer boundary: capture the layer index with "
+                         "(?P<layer>\\d+) in the regex", "boundary")
+    default_kind = (kind_of(f"layers.0.{boundary}") if has_layer and boundary in LAYER_BOUNDARIES
+                    else kind_of(boundary))
+    kind = rule.choice("kind", KINDS, default_kind)
+    role = rule.choice("role", ("input", "output"), "output")
+    sub = rule.data.get("sub")
     subs = (str(sub),) if sub is not None else ("", "0")
-    window = rule.get("slice")
+    window = rule.data.get("slice")
     if window is not None and not (isinstance(window, list) and len(window) == 2
                                    and all(isinstance(v, int) and v >= 0 for v in window)):
-        raise TdiffError(f"{where}: slice must be [start, length] of the last dimension")
-    shard = rule.get("shard")
+        raise rule.error(f"{rule.what}: slice must be [start, length] of the last dimension", "slice")
+    shard = rule.data.get("shard")
     if shard is not None:
         if not (isinstance(shard, list) and all(isinstance(e, dict) and e.get("axis") in ("tp", "etp", "ep")
                                                 and (isinstance(e.get("dim"), int) or e.get("reduce") == "sum")
                                                 for e in shard)):
-            raise TdiffError(f"{where}: shard must be a list like [{{axis: tp, dim: -1}}] or "
-                             "[{axis: tp, reduce: sum}] (axes tp, etp, ep)")
+            raise rule.error(f"{rule.what}: shard must be a list like [{{axis: tp, dim: -1}}] or "
+                             "[{axis: tp, reduce: sum}] (axes tp, etp, ep)", "shard")
         shard = tuple(shard)
-    layout = _layout(rule.get("layout", default_layout), where)
+    layout = rule.choice("layout", LAYOUTS, default_layout, _LAYOUT_NAMES)
     return MappingRule(pattern, explicit, role, subs, boundary, kind, layout, tuple(window) if window else None, shard)
-
-
-def _layout(value, where: str) -> str:
-    if value not in LAYOUTS:
-        raise TdiffError(f"{where}: layout must be one of {', '.join(LAYOUTS)} "
-                         f"([batch, seq, ...], [seq, batch, ...], [tokens, ...]), not {brief(value)}")
-    return value

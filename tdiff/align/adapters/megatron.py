@@ -169,9 +169,9 @@ class MegatronAdapter(Adapter):
         classes = {r.module: r.module_class for r in dump.records}
         for norm, boundary, linear in (("input_layernorm", "input_norm", "self_attention.linear_qkv"),
                                        ("pre_mlp_layernorm", "pre_mlp_norm", "mlp.linear_fc1")):
-            fused = {classes.get(m[: -len(norm)] + linear) for m, c in classes.items()
-                     if m.endswith("." + norm) and c == "IdentityOp"}
-            fused.discard(None)
+            linears = (classes.get(m[: -len(norm)] + linear) for m, c in classes.items()
+                       if m.endswith("." + norm) and c == "IdentityOp")
+            fused = {c for c in linears if c is not None}
             if fused:
                 out[boundary] = (f"the norm is fused into {'/'.join(sorted(fused))}: its output is not a "
                                  "module output (the linear's input is the pre-norm residual stream)")

@@ -1,0 +1,184 @@
+"""Token metadata at capture: what ``tdiff.tokens`` is given, and what a framework's outermost
+model call says by itself (its token source).
+
+A token source is registered per framework (the top-level package of the outermost module's
+class): ``register_token_source("transformers", source)``; ``source(module, args, kwargs)``
+returns the keyword arguments of :func:`describe_tokens` for that call, or None when the call
+carries no token ids. The Hugging Face source is built in; other frameworks register theirs.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from tdiff.errors import TdiffError
+from tdiff.store.tokens import PADDING, RowTokens, TokenBatch
+
+TokenSource = Callable[[Any, tuple, dict], "dict | None"]
+_SOURCES: dict[str, TokenSource] = {}
+
+
+def register_token_source(framework: str, source: TokenSource) -> None:
+    _SOURCES[framework] = source
+
+
+def token_source(framework: str | None) -> TokenSource | None:
+    return _SOURCES.get(framework) if framework else None
+
+
+def describe_tokens(*, step: int, rank: int, input_ids, positions=None, seq_lens=None, seq_ids=None,
+                    prompt_lens=None, mask=None, source: str = "tokens") -> TokenBatch:
+    """A forward's :class:`TokenBatch` from tensors (or lists).
+
+    ``input_ids``: ``[batch, seq]`` (row b is sequence b) or ``[tokens]`` (ragged or packed: the
+    sequences one after another, ``seq_lens`` tokens each; cells past their sum are padding).
+    ``positions``: same shape, 0-based from each sequence's start (default: counted from 0 in each
+    sequence). ``seq_lens`` for a 2-D grid: real tokens at the start of each row (right padding).
+    ``mask``: same shape, true for real tokens (drops padding anywhere, left padding included).
+    ``seq_ids``: one request id per sequence; ``prompt_lens``: each sequence's prompt length.
+    """
+    ids = _long(input_ids, "input_ids")
+    if ids.dim() not in (1, 2):
+        raise TdiffError(f"tdiff.tokens: input_ids must be [tokens] or [batch, seq], not {list(ids.shape)}")
+    grid = tuple(ids.shape)
+    lens = _long(seq_lens, "seq_lens").flatten() if seq_lens is not None else None
+    if ids.dim() == 2:
+        batch, width = grid
+        seqs = torch.arange(batch).unsqueeze(1).expand(batch, width).clone()
+        if lens is not None:
+            _check_lens(lens, batch, "one length per row of input_ids")
+            seqs[torch.arange(width).unsqueeze(0) >= lens.unsqueeze(1)] = PADDING
+        sequences = batch
+    else:
+        if lens is None:
+            lens = torch.tensor([grid[0]])
+        _check_lens(lens, None, "")
+        if int(lens.sum()) > grid[0]:
+            raise TdiffError(f"tdiff.tokens: seq_lens add up to {int(lens.sum())}, more than the {grid[0]} "
+                             "tokens of input_ids")
+        seqs = torch.full(grid, PADDING, dtype=torch.long)
+        seqs[:int(lens.sum())] = torch.repeat_interleave(torch.arange(len(lens)), lens)
+        sequences = len(lens)
+    if mask is not None:
+        real = torch.as_tensor(mask).to(torch.bool).cpu()
+        if tuple(real.shape) != grid:
+            raise TdiffError(f"tdiff.tokens: mask {list(real.shape)} must have input_ids' shape {list(grid)}")
+        seqs[~real] = PADDING
+    if positions is None:
+        pos = _count_positions(seqs)
+    else:
+        pos = _long(positions, "positions")
+        if pos.dim() == 2 and pos.shape[0] == 1 and len(grid) == 2:
+            pos = pos.expand(grid[0], -1)   # [1, seq] positions shared by the batch (Hugging Face)
+        if tuple(pos.shape) != grid:
+            raise TdiffError(f"tdiff.tokens: positions {list(pos.shape)} must have input_ids' shape {list(grid)}")
+    return TokenBatch(step=step, rank=rank, shape=grid, input_ids=ids.flatten().tolist(),
+                      positions=pos.flatten().tolist(), seqs=seqs.flatten().tolist(), sequences=sequences,
+                      seq_ids=_per_sequence(seq_ids, "seq_ids", sequences),
+                      prompt_lens=_per_sequence(prompt_lens, "prompt_lens", sequences), source=source)
+
+
+def _per_sequence(value, what: str, sequences: int) -> list | None:
+    if value is None:
+        return None
+    values = value.flatten().tolist() if isinstance(value, torch.Tensor) else list(value)
+    if len(values) != sequences:
+        raise TdiffError(f"tdiff.tokens: {what} gives {len(values)} values for {sequences} sequences")
+    return values
+
+
+def row_tokens(value_shape: tuple[int, ...], positions, seq_ids) -> RowTokens:
+    """What ``tdiff.dump(name, value, positions=P, seq_ids=S)`` stores: P over value's leading
+    dims; S (same shape) the sequence of each row in the forward just run, else the batch row:
+    the row index of a 2-D P, the element index of a 1-D one."""
+    pos = _long(positions, "positions")
+    if pos.dim() == 0 or tuple(value_shape[:pos.dim()]) != tuple(pos.shape):
+        raise TdiffError(f"tdiff.dump: positions {list(pos.shape)} must match the leading dims of the value "
+                         f"{list(value_shape)}")
+    if seq_ids is not None:
+        seqs = _long(seq_ids, "seq_ids")
+        if seqs.shape != pos.shape:
+            raise TdiffError(f"tdiff.dump: seq_ids {list(seqs.shape)} must have the shape of positions "
+                             f"{list(pos.shape)}")
+    else:
+        seqs = torch.arange(pos.shape[0]).reshape(-1, *([1] * (pos.dim() - 1))).expand(pos.shape)
+    return RowTokens(tuple(pos.shape), pos.flatten().tolist(), seqs.flatten().tolist())
+
+
+def _long(value, what: str) -> torch.Tensor:
+    tensor = torch.as_tensor(value).detach().cpu()
+    if tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool:
+        raise TdiffError(f"tdiff.tokens: {what} must hold integers, not {tensor.dtype}")
+    return tensor.to(torch.long)
+
+
+def _check_lens(lens: torch.Tensor, count: int | None, what: str) -> None:
+    if count is not None and len(lens) != count:
+        raise TdiffError(f"tdiff.tokens: seq_lens must give {what} ({count}), not {len(lens)}")
+    if bool((lens < 0).any()):
+        raise TdiffError("tdiff.tokens: seq_lens must not be negative")
+
+
+def _count_positions(seqs: torch.Tensor) -> torch.Tensor:
+    """Positions counted from 0 along each sequence's cells, row-major (padding: 0)."""
+    flat = seqs.flatten()
+    order = torch.sort(flat, stable=True).indices
+    grouped = flat[order]
+    index = torch.arange(len(flat))
+    starts = torch.ones(len(flat), dtype=torch.bool)
+    starts[1:] = grouped[1:] != grouped[:-1]
+    first = torch.cummax(torch.where(starts, index, torch.zeros_like(index)), 0).values
+    positions = torch.empty_like(flat)
+    positions[order] = index - first
+    positions[flat == PADDING] = 0
+    return positions.reshape(seqs.shape)
+
+
+# ---- Hugging Face: the outermost model call ----
+def hugging_face_tokens(module, args: tuple, kwargs: dict) -> dict | None:
+    """``input_ids`` with ``attention_mask`` (padding dropped; positions counted along the mask,
+    which also covers the cached tokens of a decode step), else ``position_ids``, else
+    ``cache_position``."""
+    kwargs = _by_name(module, args, kwargs)
+    ids = kwargs.get("input_ids")
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point():
+        return None
+    width = ids.shape[1]
+    mask = kwargs.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[0] == ids.shape[0] \
+            and mask.shape[1] >= width:
+        real = mask.detach().cpu().to(torch.long)
+        positions = (real.cumsum(-1) - 1)[:, -width:]
+        return {"input_ids": ids, "positions": positions, "mask": real[:, -width:].bool()}
+    for key in ("position_ids", "cache_position"):
+        given = kwargs.get(key)
+        if isinstance(given, torch.Tensor):
+            positions = given.detach().cpu().reshape(-1, given.shape[-1]) if given.dim() else given
+            if positions.dim() == 2 and positions.shape[-1] == width:
+                return {"input_ids": ids, "positions": positions}
+    return {"input_ids": ids}
+
+
+def _by_name(module, args: tuple, kwargs: dict) -> dict:
+    """The call's arguments by parameter name (``model(ids, mask)`` passes them by position)."""
+    if not args:
+        return kwargs
+    try:
+        # the class's forward: capture may have wrapped the instance's (model=)
+        return dict(inspect.signature(type(module).forward).bind_partial(module, *args, **kwargs).arguments)
+    except (TypeError, ValueError):
+        return {"input_ids": args[0], **kwargs}
+
+
+register_token_source("transformers", hugging_face_tokens)
+
+
+# ---- SGLang and megatron-core (tdiff/hooks/token_sources.py) ----
+from tdiff.hooks.token_sources import megatron_tokens, sglang_tokens  # noqa: E402 - sources after the registry
+
+register_token_source("sglang", sglang_tokens)
+register_token_source("megatron", megatron_tokens)

@@ -1,0 +1,88 @@
+"""A parity gate for CI: assert that two dumps match, the way slime's train/rollout gates do.
+
+    from tdiff.testing import assert_match
+
+    assert_match("dumps/engine", "dumps/trainer", layers="0-5")        # every element bitwise equal
+    assert_match("dumps/engine", "dumps/trainer", select="logprobs", atol=1e-6)
+
+A divergence raises AssertionError whose message is bisect's summary (the op that introduces it,
+its kind, layer and metrics). Bad input (a dump that cannot be read, an incomplete dump, filters
+that leave nothing to compare) raises :class:`tdiff.TdiffError`, so an empty or partial dump never
+passes. The pytest plugin (:mod:`tdiff.testing.pytest_plugin`) adds the fixture ``tdiff_capture``.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tdiff.errors import TdiffError
+
+if TYPE_CHECKING:
+    from tdiff.store import Dump
+
+
+def assert_match(dump_a: Dump | str | Path, dump_b: Dump | str | Path, *, layers: str | None = None,
+                 select: str | None = None, atol: float = 0.0, rtol: float = 0.0) -> None:
+    """Raise AssertionError (message: bisect's summary) unless dump B matches dump A.
+
+    Dumps are paired as ``tdiff bisect A B`` pairs them (by name, by canonical boundary across
+    frameworks and layouts). ``layers``: only tensors of these decoder layers ("0-5", "0,3");
+    ``select``: only tensors whose name matches this regex. Bitwise unless ``atol`` or ``rtol`` is
+    given: then an element matches when ``|a-b| <= atol + rtol * max(|a|, |b|)``.
+    """
+    from tdiff.align import choose_pairing
+    from tdiff.bisect import bisect_dumps
+    from tdiff.compare.metrics import EXACT, Tolerance
+    from tdiff.compare.pairing import NameFilter
+    from tdiff.report.console import make_console, render_bisect
+    from tdiff.store import Dump, open_dump
+    from tdiff.text import printable
+    from tdiff.vocab.parse import parse_ranges
+
+    for name, value in (("atol", atol), ("rtol", rtol)):
+        if not value >= 0:
+            raise TdiffError(f"assert_match: {name} must be a non-negative number, not {value}")
+    tolerance = EXACT if atol == 0 and rtol == 0 else Tolerance(atol=atol, rtol=rtol)
+    a = dump_a if isinstance(dump_a, Dump) else open_dump(dump_a)
+    b = dump_b if isinstance(dump_b, Dump) else open_dump(dump_b)
+    pairing = NameFilter.of([select] if select is not None else []).applied_to(choose_pairing(a, b))
+    wanted_layers = parse_ranges(layers, "layers")   # None: every layer ("", "all" too)
+    if wanted_layers is not None:
+        pairing = _LayerPairing(pairing, wanted_layers)
+    result = bisect_dumps(a, b, tolerance=tolerance, pairing=pairing)
+    if result.exit_code != 0:
+        console = make_console()
+        console.file = io.StringIO()
+        console.width = 200
+        # the verdict first (a test report shows the message's first line), then what bisect notes
+        notes, result.notes = result.notes, []
+        render_bisect(result, console)
+        for note in notes:
+            console.print(f"note: {printable(note)}", markup=False, soft_wrap=True)
+        raise AssertionError(console.file.getvalue().rstrip())
+
+
+class _LayerPairing:
+    """Another pairing's pairs that belong to the given decoder layers."""
+
+    def __init__(self, pairing, layers: frozenset[int]):
+        self.pairing, self.layers = pairing, layers
+
+    @property
+    def alignment(self):
+        return getattr(self.pairing, "alignment", None)
+
+    def pair(self, a: Dump, b: Dump):
+        from tdiff.compare.engine import pair_layer
+
+        pairs = self.pairing.pair(a, b)
+        wanted = [p for p in pairs if pair_layer(p.name, p.kind, p.record) in self.layers]
+        if not wanted:
+            raise TdiffError(f"nothing to compare: neither dump has tensors of layers "
+                             f"{', '.join(map(str, sorted(self.layers)))}")
+        return wanted
+
+
+__all__ = ["assert_match"]

@@ -59,11 +59,10 @@ class Record:
     def to_json(self) -> dict:
         """The record as stored: fields at their default value are left out."""
         out = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.name == "part" or (f.name not in _REQUIRED and value == _default(f)):
-                continue
-            out[f.name] = list(value) if f.name == "shape" else value
+        for name, default in _STORED_FIELDS:
+            value = getattr(self, name)
+            if default is _REQUIRED_FIELD or value != default:
+                out[name] = list(value) if name == "shape" else value
         return out
 
     @classmethod
@@ -112,3 +111,7 @@ _SCHEMA = {
     "fingerprint": (str, True), "file": (str, True), "key": (str, True), "alias_of": (int, True), "attrs": (dict, True),
 }
 _REQUIRED = {name for name, (_, optional) in _SCHEMA.items() if not optional}
+_REQUIRED_FIELD = object()
+# (name, default) of each field a manifest stores, computed once: to_json runs once per record
+_STORED_FIELDS = tuple((f.name, _REQUIRED_FIELD if f.name in _REQUIRED else _default(f))
+                       for f in dataclasses.fields(Record) if f.name != "part")

@@ -246,6 +246,7 @@ class Capture:
         if recording:
             for sub, tensor in flatten_call_inputs(args, kwargs):
                 self._record(tensor, tensor_name(path, sub), sub, "input", call, where)
+            self._summaries.launch()  # the inputs' summaries run before the module can change them
         if compiled:
             self.note(f"torch.compile: {tensor_name(path, '')} ran compiled: its inputs and outputs are "
                       "recorded, the modules inside it are not (capture without torch.compile to record them)")
@@ -257,6 +258,7 @@ class Capture:
         if recording:
             for sub, tensor in flatten_tensors(output):
                 self._record(tensor, tensor_name(path, sub), sub, "output", call, where)
+            self._summaries.launch()
         if not stack:
             (graph.top_level if graph is not None else self._top_level_done).add(id(module))
         return output
@@ -321,6 +323,7 @@ class Capture:
             if positions is not None:
                 attrs["tokens"] = row_tokens(tuple(tensor.shape), positions, seq_ids).to_json()
             self._record(tensor, tensor_name(name, sub), sub, "explicit", call, where, attrs)
+        self._summaries.launch()
 
     def _layer_of_call(self, path: str, parent: _Frame | None) -> tuple[int | None, int | None]:
         """The decoder layer this call belongs to, and that layer again where the module path
@@ -362,9 +365,10 @@ class Capture:
         elif alias_of is not None:
             self.writer.submit(Pending(record=record))
         elif self.mode == "full":
+            summary = self._summaries.snapshot_summary(tensor)  # statistics from the GPU, if it holds it
             host, ready = host_copy(tensor)
             data = host.view(tensor.dtype).reshape(tensor.shape)
-            self.writer.submit(Pending(record=record, data=data, ready=ready, nbytes=host.numel()))
+            self.writer.submit(Pending(record=record, data=data, ready=ready, nbytes=host.numel(), summary=summary))
             self._remember(original, seq, tensor, stored=data)
         else:
             summary = self._summaries.summarize(tensor)

@@ -7,6 +7,9 @@ import json
 import struct
 
 import pytest
+import torch
+
+import tdiff
 
 from tdiff.align import choose_pairing
 from tdiff.compare import compare_dumps
@@ -150,3 +153,49 @@ def test_the_report_json_lists_token_parity(runs):
     rows = json.loads(result.output)["token_parity"]
     expected = expected_parity(root, "engine", rollout)
     assert {(r["seq_a"], r["seq_b"]): (r["compared"], r["equal"], r["within_tolerance"]) for r in rows} == expected
+
+
+def test_prompt_lens_say_where_the_response_starts_and_without_them_every_token_counts(tmp_path):
+    """Log-probs computed by hand (no model) for two sequences, scored at positions 1 on; A's
+    token metadata gives prompt_lens, B's and C's none. Faults planted in a prompt and a response."""
+    ids = torch.tensor([[5, 6, 7, 8, 9], [3, 4, 2, 1, 0]])
+    positions = torch.arange(1, ids.shape[1]).expand(len(ids), -1)
+    prompt_lens = [2, 3]
+    torch.manual_seed(0)
+    clean = torch.randn(positions.shape)
+    planted = clean.clone()
+    planted[0, 0] += 1      # sequence 0, position 1: a prompt token
+    planted[1, -1] += 1     # sequence 1, the last position: a response token
+    for name, values, lens in (("a", clean, prompt_lens), ("b", planted, None), ("c", clean, None)):
+        with tdiff.capture(tmp_path / name):
+            tdiff.tokens(input_ids=ids, prompt_lens=lens)
+            tdiff.dump("logprobs", values, positions=positions)
+    same_bits = clean.view(torch.int32) == planted.view(torch.int32)
+
+    def parity(a: str, b: str) -> dict:
+        da, db = open_dump(tmp_path / a), open_dump(tmp_path / b)
+        report = build_report(compare_dumps(da, db, pairing=choose_pairing(da, db, align="tokens")))
+        return {row.seq_a: (row.seq_b, row.scope, row.compared, row.equal, row.within) for row in report.token_parity}
+
+    assert parity("a", "b") == {s: (s, "response", int((positions[s] >= n).sum()),
+                                    int(same_bits[s][positions[s] >= n].sum()), None)
+                                for s, n in enumerate(prompt_lens)}
+    assert parity("c", "b") == {s: (s, "all", positions.shape[1], int(same_bits[s].sum()), None)
+                                for s in range(len(ids))}
+
+
+def test_without_log_probs_the_logits_rows_are_counted(tmp_path):
+    ids = torch.tensor([[5, 6, 7], [3, 4, 2]])
+    torch.manual_seed(1)
+    clean = torch.randn(2, 3, 8)
+    planted = clean.clone()
+    planted[1, 2, 5] += 1
+    for name, values in (("a", clean), ("b", planted)):
+        with tdiff.capture(tmp_path / name):
+            tdiff.tokens(input_ids=ids)
+            tdiff.dump("logits", values, positions=torch.arange(3).expand(2, -1))
+    a, b = open_dump(tmp_path / "a"), open_dump(tmp_path / "b")
+    report = build_report(compare_dumps(a, b, pairing=choose_pairing(a, b, align="tokens")))
+    rows_equal = (clean.view(torch.int32) == planted.view(torch.int32)).all(dim=-1)
+    assert {(r.tensor, r.seq_a, r.scope, r.compared, r.equal) for r in report.token_parity} == \
+        {("logits", s, "all", 3, int(rows_equal[s].sum())) for s in range(2)}

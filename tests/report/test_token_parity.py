@@ -199,3 +199,31 @@ def test_without_log_probs_the_logits_rows_are_counted(tmp_path):
     rows_equal = (clean.view(torch.int32) == planted.view(torch.int32)).all(dim=-1)
     assert {(r.tensor, r.seq_a, r.scope, r.compared, r.equal) for r in report.token_parity} == \
         {("logits", s, "all", 3, int(rows_equal[s].sum())) for s in range(2)}
+
+
+def test_each_rank_counts_its_own_log_probs(tmp_path, monkeypatch):
+    """Two tensor-parallel ranks, each holding every sequence's log-probs (as after the vocab
+    all-reduce); a fault planted on rank 1 alone lowers rank 1's count only."""
+    ids = torch.tensor([[5, 6, 7, 8, 9], [3, 4, 2, 1, 0]])
+    positions = torch.arange(1, ids.shape[1]).expand(len(ids), -1)
+    prompt_lens = [2, 3]
+    torch.manual_seed(2)
+    clean = torch.randn(positions.shape)
+    planted = clean.clone()
+    planted[1, -1] += 1     # sequence 1, its last response token
+    for name in ("a", "b"):
+        for rank in (0, 1):
+            monkeypatch.setenv("RANK", str(rank))
+            with tdiff.capture(tmp_path / name):
+                tdiff.tokens(input_ids=ids, prompt_lens=prompt_lens)
+                tdiff.dump("logprobs", planted if (name, rank) == ("b", 1) else clean, positions=positions)
+    a, b = open_dump(tmp_path / "a"), open_dump(tmp_path / "b")
+    report = build_report(compare_dumps(a, b, pairing=choose_pairing(a, b, align="tokens")))
+    same_bits = clean.view(torch.int32) == planted.view(torch.int32)
+    response = [positions[s] >= n for s, n in enumerate(prompt_lens)]
+    expected = {(rank, s): (int(response[s].sum()), int(response[s].sum()) if rank == 0
+                            else int(same_bits[s][response[s]].sum()))
+                for rank in (0, 1) for s in range(len(ids))}
+    # a run numbers its sequences across ranks in order of first appearance: rank 1's come second
+    assert {(r.rank, r.seq_a - r.rank * len(ids)): (r.compared, r.equal) for r in report.token_parity} == expected
+    assert all(r.seq_a == r.seq_b and r.rank == r.rank_b for r in report.token_parity)

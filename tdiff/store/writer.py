@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import queue
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 import sys
 import threading
 from collections.abc import Sequence
@@ -84,8 +84,7 @@ class DumpWriter:
         self._records: list[Record] = []
         self._tokens: list[TokenBatch] = []
         self._stored: dict[int, Record] = {}  # seq -> record holding the bytes (for aliases)
-        self._shard_writers = ThreadPoolExecutor(max_workers=shard_writers, thread_name_prefix=f"tdiff-shards-{part}",
-                                                 initializer=_yield_to_the_model)
+        self._shard_writers = _ShardWriters(shard_writers, name=f"tdiff-shards-{part}")
         self._last_shard: Future | None = None  # journals its records after every shard before it
         self._thread = threading.Thread(target=self._run, name=f"tdiff-writer-{part}", daemon=True)
         self._thread.start()
@@ -242,6 +241,37 @@ class DumpWriter:
     @staticmethod
     def _report(message: str) -> None:
         print(f"tdiff: {message}", file=sys.stderr, flush=True)
+
+
+class _ShardWriters:
+    """A few daemon threads that write shards. Not a ThreadPoolExecutor: a capture often ends in
+    an atexit handler, after concurrent.futures has stopped taking work at interpreter shutdown."""
+
+    def __init__(self, count: int, name: str):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(count)]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, fn, *args) -> Future:
+        future: Future = Future()
+        self._jobs.put((future, fn, args))
+        return future
+
+    def shutdown(self) -> None:
+        for _ in self._threads:
+            self._jobs.put(None)
+        for thread in self._threads:
+            thread.join()
+
+    def _work(self) -> None:
+        _yield_to_the_model()
+        while (job := self._jobs.get()) is not None:
+            future, fn, args = job
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # noqa: BLE001 - the waiting writer re-raises it
+                future.set_exception(exc)
 
 
 def _yield_to_the_model() -> None:

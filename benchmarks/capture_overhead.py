@@ -129,14 +129,14 @@ def main(argv=None) -> None:
     full_overhead = summary["tdiff full"][0] - plain
     full_overhead_to_disk = summary["tdiff full"][1] - plain
     stats_ratio = summary["tdiff stats"][1] / plain
-    print("\ntargets (issue 7):")
-    print(f"  stats mode <= {TARGET_STATS}x plain:                      {stats_ratio:.3f}x  "
+    print("\nbounds (issues 7 and 18):")
+    print(f"  stats mode <= {TARGET_STATS}x plain:                       {stats_ratio:.3f}x  "
           f"{'met' if stats_ratio <= TARGET_STATS else 'MISSED'}")
-    share = full_overhead / sglang_overhead
-    print(f"  full-mode overhead <= 1/3 of sglang's (forward):   {full_overhead:.3f} s vs {sglang_overhead:.3f} s "
-          f"= {share:.2f}  {'met' if share <= TARGET_FULL_SHARE else 'MISSED'}")
-    print(f"  (full-mode overhead until on disk:                 {full_overhead_to_disk:.3f} s "
-          f"= {full_overhead_to_disk / sglang_overhead:.2f} of sglang's)")
+    share = full_overhead_to_disk / sglang_overhead
+    print(f"  full-mode overhead until on disk <= 1/3 of sglang's: {full_overhead_to_disk:.3f} s vs "
+          f"{sglang_overhead:.3f} s = {share:.2f}  {'met' if share <= TARGET_FULL_SHARE else 'MISSED'}")
+    print(f"  (full-mode overhead, forward only:                  {full_overhead:.3f} s "
+          f"= {full_overhead / sglang_overhead:.2f} of sglang's)")
     disk_ratio = summary["tdiff full"][2] / raw
     print(f"  on-disk bytes <= {TARGET_DISK} x raw:                       {disk_ratio:.3f}  "
           f"{'met' if disk_ratio <= TARGET_DISK else 'MISSED'}")

@@ -5,6 +5,8 @@ and the fingerprint in one pass) and the torch-ops fallback, against a plain rea
     python benchmarks/gpu/summary_kernel.py [--sizes 1M,16M,256M] [--dtype bfloat16]
 
 Times are CUDA-event medians of 20 launches after a warm-up; GB/s counts the tensor's bytes.
+Then the host's cost per summary of a small tensor (128 x 896, a 1 x 128 forward's hidden state),
+where capture's stats mode spends it: one launch per tensor against one launch per group of 8.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from functools import partial
 
 import torch
 
-from tdiff.store.device_summary import fused_summary
+import time
+
+from tdiff.store.device_summary import GROUP, fused_summary, fused_summary_into, group_summary_into
 
 try:  # the torch-ops fingerprint of this version of tdiff (mix64; wsum64 before it)
     from tdiff.store.fingerprint import mix64_fingerprint_tensor as torch_fingerprint
@@ -35,6 +39,31 @@ def cuda_median(fn, repeats: int = 20) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
     return statistics.median(times)
+
+
+def host_cost_per_tensor(dtype, repeats: int = 500) -> tuple[float, float]:
+    """Host seconds per summarised tensor: each in its own launch, and in launches of GROUP."""
+    tensors = [torch.randn(128, 896, device="cuda").to(dtype) for _ in range(GROUP)]
+    table = torch.empty(GROUP, 7, dtype=torch.float64, device="cuda")
+    counters = torch.zeros(GROUP, 1, dtype=torch.int32, device="cuda")
+
+    def single():
+        for i, t in enumerate(tensors):
+            fused_summary_into(t, table[i], counters[i])
+
+    def grouped():
+        group_summary_into(tensors, table, counters, 0)
+
+    costs = []
+    for fn in (single, grouped):
+        fn()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        costs.append((time.perf_counter() - start) / repeats / GROUP)
+        torch.cuda.synchronize()
+    return costs[0], costs[1]
 
 
 def elements(text: str) -> int:
@@ -57,6 +86,9 @@ def main(argv=None) -> None:
             seconds = cuda_median(fn)
             cells.append(f"{seconds * 1e3:8.3f} ms {nbytes / seconds / 1e9:5.0f} GB/s")
         print(f"  {t.numel():>10,} {nbytes / 2**20:8.1f} {cells[0]:>16} {cells[1]:>18} {cells[2]:>20}")
+    single, grouped = host_cost_per_tensor(dtype)
+    print(f"host cost per summary of a 128 x 896 tensor: {single * 1e6:.1f} us in its own launch, "
+          f"{grouped * 1e6:.1f} us in launches of {GROUP}")
 
 
 if __name__ == "__main__":

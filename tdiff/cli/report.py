@@ -34,7 +34,8 @@ from tdiff.errors import TdiffError
 def report(dump_a, dump_b, fmt, out, layer, with_bisect, patch_results, gh_comment, exact, atol, rtol,
            allow_incomplete, mapping, quiet):
     """Write a report of dumps A and B: the first divergence, error per layer and boundary,
-    the environment, and optionally bisect and patch-trial results.
+    log-prob parity per token (runs aligned by token), the environment, and optionally bisect
+    and patch-trial results.
 
     \b
     tdiff report dumps/a dumps/b > report.md
@@ -43,7 +44,8 @@ def report(dump_a, dump_b, fmt, out, layer, with_bisect, patch_results, gh_comme
 
     The Markdown stays within GitHub's 65,536-character comment limit: large tables keep their
     most telling rows. The HTML file needs nothing else to open (no network): it draws per-layer
-    error growth, a boundary × layer heatmap and the first divergence's error per token.
+    error growth, a boundary × layer heatmap and the first divergence's error per token (and,
+    for runs aligned by token, over sequence × position).
 
     Exit status: 0 match, 1 divergence (the report is written either way), 2 bad input.
     """

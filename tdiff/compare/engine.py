@@ -15,8 +15,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from tdiff.compare.metrics import EXACT, TensorMetrics, Tolerance, compare_tensors, json_number
+from tdiff.compare.metrics import EXACT, ReportedMetrics, TensorMetrics, Tolerance, compare_tensors, json_number
 from tdiff.compare.pairing import NameFilter, NamePairing, Pair, Pairing, Side
+from tdiff.compare.result import CompareResult, DumpSide, TensorVerdict, status_counts
 from tdiff.compare.tokens import TokenVerdict, token_verdict
 from tdiff.errors import TdiffError
 from tdiff.store import Dump, Record
@@ -24,8 +25,6 @@ from tdiff.store.dtypes import torch_dtype
 from tdiff.store.fingerprint import fingerprint_algorithm, fingerprint_as
 from tdiff.vocab.kinds import record_kind
 from tdiff.vocab.paths import layer_of, record_layer
-
-DIVERGED_STATUSES = ("mismatch", "only_a", "only_b", "shape_mismatch", "dtype_mismatch")
 
 
 @dataclass
@@ -61,24 +60,20 @@ class Comparison:
         from the module's class and path (tdiff.vocab.kinds)."""
         return record_kind(self.record, self.kind)
 
-    def to_json(self) -> dict:
+    def verdict(self) -> TensorVerdict:
+        """This verdict as `tdiff compare --json` lists it."""
         r = self.record
-        out = {"name": self.name, "status": self.status, "role": r.role, "step": r.step,
-               "call": r.call, "rank": r.rank, "module": self.a.module if self.a else None,
-               "module_b": self.b.module if self.b else None, "layer": self.layer,
-               "kind": self.boundary_kind, "dtype_a": self.a.dtype if self.a else None,
-               "dtype_b": self.b.dtype if self.b else None,
-               "shape_a": list(self.a.shape) if self.a else None,
-               "shape_b": list(self.b.shape) if self.b else None}
-        if self.reason:
-            out["reason"] = self.reason
-        if self.metrics is not None:
-            out["metrics"] = self.metrics.to_json()
-        if self.plan_a or self.plan_b:
-            out["plan"] = {"a": self.plan_a, "b": self.plan_b}
-        if self.tokens is not None:
-            out["tokens"] = self.tokens.to_json()
-        return out
+        return TensorVerdict(
+            name=self.name, status=self.status, role=r.role, step=r.step, call=r.call, rank=r.rank,
+            module=self.a.module if self.a else None, module_b=self.b.module if self.b else None,
+            layer=self.layer, kind=self.boundary_kind, dtype_a=self.a.dtype if self.a else None,
+            dtype_b=self.b.dtype if self.b else None, shape_a=list(self.a.shape) if self.a else None,
+            shape_b=list(self.b.shape) if self.b else None, reason=self.reason or None,
+            metrics=ReportedMetrics.of(self.metrics) if self.metrics is not None else None,
+            plan_a=list(self.plan_a), plan_b=list(self.plan_b), tokens=self.tokens)
+
+    def to_json(self) -> dict:
+        return self.verdict().to_json()
 
 
 @dataclass
@@ -116,29 +111,21 @@ class CompareReport:
         return self.a.is_same_dump(self.b)
 
     def counts(self) -> dict:
-        counts = {"compared": len(self.comparisons), "match": 0}
-        for status in DIVERGED_STATUSES:
-            counts[status] = 0
-        for c in self.comparisons:
-            counts[c.status] += 1
-        return counts
+        return status_counts(c.status for c in self.comparisons)
+
+    def result(self) -> CompareResult:
+        """What was found, without the dumps and the pairing: the `tdiff compare --json` object."""
+        return CompareResult(
+            a=_dump_side(self.a), b=_dump_side(self.b), tolerance=self.options.tolerance.describe(),
+            left_out=self.left_out, same_dump=self.same_dump, tensors=[c.verdict() for c in self.comparisons],
+            alignment=self.alignment.to_json() if self.alignment is not None else None)
 
     def to_json(self) -> dict:
-        first = self.first_divergence
-        return {
-            "status": self.status,
-            "a": {"path": str(self.a.path), "side": self.a.side, "problems": self.a.problems,
-                  "notes": self.a.notes},
-            "b": {"path": str(self.b.path), "side": self.b.side, "problems": self.b.problems,
-                  "notes": self.b.notes},
-            "tolerance": self.options.tolerance.describe(),
-            "summary": self.counts(),
-            "left_out": self.left_out,
-            "same_dump": self.same_dump,
-            "first_divergence": first.to_json() if first else None,
-            "tensors": [c.to_json() for c in self.comparisons],
-            **({"alignment": self.alignment.to_json()} if self.alignment is not None else {}),
-        }
+        return self.result().to_json()
+
+
+def _dump_side(dump: Dump) -> DumpSide:
+    return DumpSide(path=str(dump.path), side=dump.side, problems=dump.problems, notes=dump.notes)
 
 
 def compare_dumps(a: Dump, b: Dump, options: CompareOptions | None = None, *,

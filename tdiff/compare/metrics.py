@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 import torch
@@ -88,12 +88,46 @@ class TensorMetrics:
     def within(self, tolerance: Tolerance) -> bool:
         return self.bitwise_equal if tolerance.exact else self.outside_tolerance == 0
 
+
+JsonNumber = float | str | None   # a float as JSON carries it (json_number): NaN as None, "inf" / "-inf"
+
+
+@dataclass(frozen=True)
+class ReportedMetrics:
+    """A tensor's metrics as ``tdiff compare --json`` reports them (the fields of TensorMetrics, then
+    the fractions), read back as written: ``ReportedMetrics.from_json(m.to_json()) == m``."""
+
+    numel: int
+    bitwise_equal: bool
+    mismatched: int
+    outside_tolerance: int
+    nan_mismatch: int
+    max_abs: JsonNumber
+    mean_abs: JsonNumber
+    max_rel: JsonNumber
+    max_ulp: int | None
+    max_ulp_at_scale: JsonNumber
+    cosine: JsonNumber
+    worst_index: list[int] | None
+    worst_a: JsonNumber
+    worst_b: JsonNumber
+    mismatch_fraction: JsonNumber
+    outside_fraction: JsonNumber
+
+    @classmethod
+    def of(cls, metrics: TensorMetrics) -> ReportedMetrics:
+        values = asdict(metrics)
+        values["worst_index"] = list(metrics.worst_index) if metrics.worst_index is not None else None
+        values["mismatch_fraction"] = metrics.mismatch_fraction
+        values["outside_fraction"] = metrics.outside_fraction
+        return cls(**{k: json_number(v) for k, v in values.items()})
+
     def to_json(self) -> dict:
-        out = asdict(self)
-        out["mismatch_fraction"] = self.mismatch_fraction
-        out["outside_fraction"] = self.outside_fraction
-        out["worst_index"] = list(self.worst_index) if self.worst_index is not None else None
-        return {k: json_number(v) for k, v in out.items()}
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> ReportedMetrics:
+        return cls(**{f.name: data[f.name] for f in fields(cls)})
 
 
 def json_number(value):

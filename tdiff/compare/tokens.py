@@ -31,6 +31,11 @@ class TokenRef:
         return {"seq_a": self.seq_a, "seq_b": self.seq_b, "position": self.position,
                 "step_a": self.step_a, "step_b": self.step_b}
 
+    @classmethod
+    def from_json(cls, data: dict) -> TokenRef:
+        return cls(seq_a=data["seq_a"], seq_b=data["seq_b"], position=data["position"], step_a=data["step_a"],
+                   step_b=data["step_b"])
+
 
 @dataclass(frozen=True)
 class TokenRows:
@@ -54,6 +59,13 @@ class TokenVerdict:
         return {"compared": self.compared, "equal": self.equal,
                 "first_differing": first.to_json() if first is not None else None,
                 "only_a": self.only_a, "only_b": self.only_b}
+
+    @classmethod
+    def from_json(cls, data: dict) -> TokenVerdict:
+        first = data["first_differing"]
+        return cls(compared=data["compared"], equal=data["equal"],
+                   first_differing=TokenRef.from_json(first) if first is not None else None,
+                   only_a=data["only_a"], only_b=data["only_b"])
 
 
 def token_verdict(a: torch.Tensor, b: torch.Tensor, tokens: TokenRows, tolerance: Tolerance) -> TokenVerdict:

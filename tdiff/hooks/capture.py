@@ -268,6 +268,7 @@ class Capture:
         if recording:
             for sub, tensor in flatten_call_inputs(args, kwargs):
                 self._record(tensor, tensor_name(path, sub), sub, "input", call, where)
+            self._summaries.launch()  # the inputs' summaries run before the module can change them
         tracer = None
         if recording and self._ops is not None and self._ops.wants(path) and graph is not None:
             self.note(f"--ops: {tensor_name(path, '')} ran in a CUDA graph: the ops of its replays are not "
@@ -293,6 +294,7 @@ class Capture:
         if recording:
             for sub, tensor in flatten_tensors(output):
                 self._record(tensor, tensor_name(path, sub), sub, "output", call, where)
+            self._summaries.launch()
         if not stack:
             (graph.top_level if graph is not None else self._top_level_done).add(id(module))
         return output
@@ -363,6 +365,7 @@ class Capture:
             if positions is not None:
                 attrs["tokens"] = row_tokens(tuple(tensor.shape), positions, seq_ids).to_json()
             self._record(tensor, tensor_name(name, sub), sub, "explicit", call, where, attrs)
+        self._summaries.launch()
 
     def _layer_of_call(self, path: str, parent: _Frame | None) -> tuple[int | None, int | None]:
         """The decoder layer this call belongs to, and that layer again where the module path
@@ -380,7 +383,9 @@ class Capture:
         """An op's output inside a traced forward (tdiff.hooks.ops); returns its record's seq."""
         if self.writer.failed:
             return None
-        return self._record(tensor, name, sub, "op", call, where, op=op)
+        seq = self._record(tensor, name, sub, "op", call, where, op=op)
+        self._summaries.launch()  # before a later op can write the tensor (an in-place op)
+        return seq
 
     def _record(self, tensor: torch.Tensor, name: str, sub: str, role: str, call: int,
                 where: tuple, explicit_attrs: dict | None = None, op: dict | None = None) -> int | None:
@@ -413,9 +418,10 @@ class Capture:
         elif alias_of is not None:
             self.writer.submit(Pending(record=record))
         elif self.mode == "full":
+            summary = self._summaries.snapshot_summary(tensor)  # statistics from the GPU, if it holds it
             host, ready = host_copy(tensor)
             data = host.view(tensor.dtype).reshape(tensor.shape)
-            self.writer.submit(Pending(record=record, data=data, ready=ready, nbytes=host.numel()))
+            self.writer.submit(Pending(record=record, data=data, ready=ready, nbytes=host.numel(), summary=summary))
             self._remember(original, seq, tensor, stored=data)
         else:
             summary = self._summaries.summarize(tensor)

@@ -213,7 +213,7 @@ def _emit(capture, recording: GraphRecording, step: int, bases: dict, rows: int 
     stats_batches = {}
     for table in recording._tables:
         batch = stats_batches[id(table)] = _Batch()
-        batch.issue(table)
+        batch.issue(table, torch.empty(table.shape, dtype=table.dtype, pin_memory=True))
     copies, seqs = [], []
     for entry in recording.entries:
         record = entry.record

@@ -23,6 +23,7 @@ from tdiff.store.fingerprint import digest_format, host_stats, mix64_fingerprint
 from tdiff.vocab.parse import parse_size
 
 _BATCH = 512  # summaries copied to the host together
+_DEVICE_STATS_MIN_ELEMENTS = 1 << 20  # full mode: smaller tensors' statistics are computed on the host
 
 
 class Summary:
@@ -54,8 +55,10 @@ class _Batch:
         self._issued = threading.Event()
         self._values: tuple[list, list] | None = None
 
-    def issue(self, table_rows: torch.Tensor) -> None:
-        self._host = torch.empty(table_rows.shape, dtype=table_rows.dtype, pin_memory=True)
+    def issue(self, table_rows: torch.Tensor, host_rows: torch.Tensor) -> None:
+        """Copy the rows into their place in the table's pinned mirror, which they hold until
+        :meth:`wait` has read them."""
+        self._host = host_rows
         self._host.copy_(table_rows, non_blocking=True)
         self._event = torch.cuda.Event()
         self._event.record()
@@ -71,14 +74,23 @@ class _Batch:
 
 
 class Summarizer:
-    """Stats mode: summaries of CPU tensors at once, of GPU tensors through the device table."""
+    """Stats mode: summaries of CPU tensors at once, of GPU tensors through the device table.
+
+    Small GPU tensors of one dtype are summarised together, up to
+    :data:`tdiff.store.device_summary.GROUP` in one launch: :meth:`summarize` queues them and
+    :meth:`launch` (called by capture once a module call's inputs, or its outputs, are all
+    queued: before any later kernel can change them) launches the queue."""
 
     def __init__(self):
         self._tables: dict[torch.device, torch.Tensor] = {}
         self._counters: dict[torch.device, torch.Tensor] = {}
+        self._mirrors: dict[torch.device, torch.Tensor] = {}  # pinned host copies of the tables
+        self._issued: list[_Batch] = []  # this round's batches through the table, oldest first
         self._batch: _Batch | None = None
         self._start = self._used = 0
         self._device: torch.device | None = None
+        self._group: list[torch.Tensor] = []  # queued for one launch, in slots _group_slot onwards
+        self._group_slot = 0
 
     def summarize(self, tensor: torch.Tensor) -> Summary:
         if tensor.device.type == "cpu":
@@ -92,11 +104,19 @@ class Summarizer:
         if self._batch is None:
             self._batch, self._start, self._device = _Batch(), self._used, tensor.device
         slot = self._used
-        if _fused(tensor):
-            from tdiff.store.device_summary import fused_summary_into
-
-            fused_summary_into(tensor, table[slot], self._counters[tensor.device][slot])
+        kernels = _kernels()
+        if kernels is not None and kernels.fused_summary_supported(tensor):
+            if tensor.numel() <= kernels.GROUPED_MAX_ELEMENTS:
+                if self._group and (self._group[0].dtype != tensor.dtype or len(self._group) == kernels.GROUP):
+                    self.launch()
+                if not self._group:
+                    self._group_slot = slot
+                self._group.append(tensor)
+            else:
+                self.launch()  # a group's slots are consecutive
+                kernels.fused_summary_into(tensor, table[slot], self._counters[tensor.device][slot])
         else:
+            self.launch()
             table[slot].copy_(_packed_summary(tensor))
         summary = _DeviceSummary(self._batch, slot - self._start)
         self._used += 1
@@ -104,20 +124,51 @@ class Summarizer:
             self.flush()
         return summary
 
+    def snapshot_summary(self, tensor: torch.Tensor) -> Summary | None:
+        """Full mode: the statistics of a large GPU tensor the fused kernel takes, computed on the
+        GPU as the tensor is now and sent to the host at once (the writer then only hashes and
+        writes the host copy); None for any other tensor (the writer computes its statistics: for
+        a small one that costs less than a launch and a copy)."""
+        kernels = _kernels()
+        if (tensor.device.type != "cuda" or tensor.numel() < _DEVICE_STATS_MIN_ELEMENTS or kernels is None
+                or not kernels.fused_summary_supported(tensor)):
+            return None
+        summary = self.summarize(tensor)
+        self.flush()
+        return summary
+
+    def launch(self) -> None:
+        """Launch the summaries queued so far."""
+        if self._group:
+            from tdiff.store.device_summary import group_summary_into
+
+            group_summary_into(self._group, self._tables[self._device], self._counters[self._device],
+                               self._group_slot)
+            self._group = []
+
     def flush(self) -> None:
         """Send the summaries computed so far to the host (at the end of each step, say)."""
         if self._batch is None:
             return
-        self._batch.issue(self._tables[self._device][self._start:self._used])
+        self.launch()
+        rows = slice(self._start, self._used)
+        self._batch.issue(self._tables[self._device][rows], self._mirrors[self._device][rows])
+        self._issued.append(self._batch)
         self._batch = None
         if self._used == len(self._tables[self._device]):
-            self._used = 0  # the copy above is stream-ordered before any reuse of the slots
+            # the next round reuses the slots: the device table in stream order after the copies
+            # above, the pinned mirror only once every batch of this round has been read from it
+            for batch in self._issued:
+                batch.wait()
+            self._issued = []
+            self._used = 0
 
     def _table(self, device: torch.device) -> torch.Tensor:
         if device not in self._tables:
             self._tables[device] = torch.empty(4 * _BATCH, 7, dtype=torch.float64, device=device)
             # one completion counter per slot: kernels on different streams never share one
             self._counters[device] = torch.zeros(4 * _BATCH, 1, dtype=torch.int32, device=device)
+            self._mirrors[device] = torch.empty(4 * _BATCH, 7, dtype=torch.float64, pin_memory=True)
         return self._tables[device]
 
 
@@ -126,12 +177,19 @@ def _resolved(packed: torch.Tensor, tensor: torch.Tensor) -> Summary:
     return Summary(packed[:6], digest_format("mix64", digest, dtype_name(tensor.dtype), tensor.shape))
 
 
-def _fused(tensor: torch.Tensor) -> bool:
-    try:
-        from tdiff.store.device_summary import fused_summary_supported
-    except ImportError:  # no Triton: torch ops give the same values, more slowly
-        return False
-    return fused_summary_supported(tensor)
+_kernel_module: list = []  # tdiff.store.device_summary once imported, or None without Triton
+
+
+def _kernels():
+    """The fused kernels' module, or None where Triton is missing (torch ops give the same values,
+    more slowly)."""
+    if not _kernel_module:
+        try:
+            from tdiff.store import device_summary
+        except ImportError:
+            device_summary = None
+        _kernel_module.append(device_summary)
+    return _kernel_module[0]
 
 
 def _packed_summary(tensor: torch.Tensor) -> torch.Tensor:

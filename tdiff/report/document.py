@@ -90,6 +90,8 @@ def build_document(report: Report) -> Document:
         doc.blocks += [Heading("Bisect", "bisect"), *bisect_blocks(report.bisect)]
     doc.blocks.append(Plots())
     doc.blocks.append(layer_table(report))
+    if report.token_parity:
+        doc.blocks.append(parity_table(report))
     if report.patch_results is not None:
         doc.blocks.append(patch_table(report.patch_results))
     doc.blocks.append(environment_table(report))
@@ -132,7 +134,7 @@ def counts_line(report: Report) -> str:
         text += (f". Per token (dim {t.axis} of {t.shape}): {t.tokens_differ:,} of {len(t.mismatched):,} "
                  f"tokens differ")
         if t.worst is not None:
-            text += f", the worst is token {t.worst} (max abs {fmt_number(t.max_abs[t.worst])})"
+            text += f", the worst is {t.label(t.worst)} (max abs {fmt_number(t.max_abs[t.worst])})"
     elif culprit is not None:
         text += f". No per-token error: {culprit.tokens_note}"
     return text + "."
@@ -158,6 +160,35 @@ def layer_table(report: Report) -> Table:
                  numeric=frozenset({1, 3, 4, 5}), priority=_by(severity),
                  note=f"{count}, max abs and ULP at scale of the layer's output (outside the layers: of the "
                       "last boundary)")
+
+
+def parity_line(report: Report) -> str:
+    """The totals of the log-prob parity table, as slime's gates say them."""
+    rows = report.token_parity
+    compared, equal = sum(r.compared for r in rows), sum(r.equal for r in rows)
+    text = f"{equal:,}/{compared:,} token/rank log-probs bitwise equal"
+    if rows and rows[0].within is not None:
+        text += f", {sum(r.within or 0 for r in rows):,}/{compared:,} within {report.tolerance}"
+    return text
+
+
+def parity_table(report: Report) -> Table:
+    rows = report.token_parity
+    tolerance = rows[0].within is not None
+    cells: list[list[Inline]] = []
+    for r in rows:
+        row: list[Inline] = [Code(r.tensor), str(r.rank) if r.rank == r.rank_b else f"{r.rank} / {r.rank_b}",
+                             f"{r.seq_a} / {r.seq_b}",
+                             "response" if r.scope == "response" else "all (prompt length unknown)",
+                             f"{r.equal:,}/{r.compared:,}"]
+        cells.append(row + ([f"{r.within:,}/{r.compared:,}"] if tolerance else []))
+    columns = ["tensor", "rank", "sequence (A / B)", "tokens", "bitwise equal"]
+    columns += [f"within {report.tolerance}"] if tolerance else []
+    worst_first = sorted(range(len(rows)), key=lambda i: rows[i].equal - rows[i].compared)
+    return Table("token-parity", "Log-prob parity per token", columns, cells,
+                 numeric=frozenset({4, 5} if tolerance else {4}), priority=worst_first,
+                 note=f"{parity_line(report)}. Per sequence and rank: the response tokens (from the prompt "
+                      "length on) whose log-prob row matches.")
 
 
 def boundary_table(report: Report) -> Table:

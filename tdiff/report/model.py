@@ -20,6 +20,7 @@ from tdiff.compare.metrics import json_number
 from tdiff.errors import TdiffError
 from tdiff.report.console import summary_line
 from tdiff.report.environment import Environment, environment_of
+from tdiff.report.parity import ParityRow, token_parity
 from tdiff.report.tokens import TokenErrors, culprit_token_errors
 from tdiff.vocab.boundaries import parse_layer_name
 from tdiff.vocab.paths import ROOT_LABEL, layer_of
@@ -200,6 +201,7 @@ class Report:
     patch_results: TrialReport | None = None
     same_dump: str | None = None      # the path, when A and B are the same dump
     left_out: int = 0                 # tensors --layer left out of the comparison
+    token_parity: list[ParityRow] = field(default_factory=list)   # log-probs per sequence and rank
 
     @property
     def layer_numbers(self) -> list[int]:
@@ -214,6 +216,7 @@ class Report:
                 "bisect": self.bisect.to_json() if self.bisect else None,
                 "patch_results": self.patch_results.to_json() if self.patch_results else None,
                 "environment": self.environment.to_json(), "problems": self.problems,
+                "token_parity": [row.to_json() for row in self.token_parity],
                 "diverged_tensors": [c.to_json() for c in self.comparisons if c.diverged]}
 
 
@@ -223,12 +226,16 @@ def build_report(compare: CompareReport, *, bisect: BisectResult | None = None,
     used (aligned tensors included) for its per-token error."""
     boundaries = boundary_rows(compare.comparisons)
     first = compare.first_divergence
+    token_aligned = any(c.tokens is not None for c in compare.comparisons)
+    # the pairing made again, once, for the tensors' data (the culprit's, the log-probs')
+    pairs = compare.pairing.pair(compare.a, compare.b) if first is not None or token_aligned else []
     culprit = None
     if first is not None:
         layer, boundary = boundary_of(first)
-        tokens, note = culprit_token_errors(compare.a, compare.b, first, compare.pairing,
-                                            compare.options.tolerance)
+        tokens, note = culprit_token_errors(compare.a, compare.b, first, pairs, compare.options.tolerance)
         culprit = Culprit(first, layer, boundary, tokens, note)
+    parity = token_parity(compare.a, compare.b, pairs, compare.comparisons, compare.options.tolerance) \
+        if token_aligned else []
     problems = [f"side {label} incomplete: {problem}"
                 for label, dump in (("A", compare.a), ("B", compare.b)) for problem in dump.problems]
     return Report(side_a=compare.a.side, side_b=compare.b.side,
@@ -236,7 +243,7 @@ def build_report(compare: CompareReport, *, bisect: BisectResult | None = None,
                   counts=compare.counts(), summary=summary_line(compare), comparisons=compare.comparisons,
                   boundaries=boundaries, layers=layer_rows(boundaries), culprit=culprit,
                   environment=environment_of(compare.a, compare.b), problems=problems,
-                  bisect=bisect, patch_results=patch_results,
+                  bisect=bisect, patch_results=patch_results, token_parity=parity,
                   same_dump=str(compare.a.path) if compare.same_dump else None, left_out=compare.left_out)
 
 

@@ -2,7 +2,9 @@
 
 - growth: per-layer error of each boundary, on log scales (mismatch fraction, max abs, ULP at scale);
 - heatmap: boundaries × layers, coloured by mismatch fraction;
-- tokens: the culprit tensor's error per token.
+- tokens: the culprit tensor's error per token;
+- token grid: for a token-aligned culprit, its error over (sequence, position), the first
+  differing token outlined.
 
 matplotlib is imported here only, when an HTML report is made (``pip install torch-tdiff[report]``).
 """
@@ -52,6 +54,14 @@ def figures(report: Report) -> list[Figure]:
         out.append(Figure("plot-tokens", "Error per token of the first divergence", tokens_svg(report),
                           f"{culprit.comparison.name}: token axis is dim {t.axis} of shape {t.shape}; "
                           f"{t.per_token:,} elements per token."))
+        if t.refs is not None:
+            out.append(Figure("plot-token-grid", "First divergence over sequence and position",
+                              token_grid_svg(report),
+                              f"{culprit.comparison.name}: largest absolute difference per token, one row per "
+                              "sequence pair (A / B), one column per position. Green: the token's row passes "
+                              "(equal bits, or within the tolerance); grey: not compared (one run lacks it); "
+                              "purple: fails without an absolute difference (bits only, NaN). The first "
+                              "differing token is outlined."))
     return out
 
 
@@ -223,10 +233,60 @@ def tokens_svg(report: Report) -> str:
     bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
     bottom.set_ylabel("fraction differing")
     binned = f" (maximum over bins of {size} tokens)" if size > 1 else ""
-    bottom.set_xlabel(f"token (dim {t.axis} of {t.shape}){binned}")
+    order = " in order of A's sequence and position" if t.refs is not None else ""
+    bottom.set_xlabel(f"token (dim {t.axis} of {t.shape}{order}){binned}")
     worst = t.worst
     if worst is not None:
         top.axvline(worst, color="gray", linestyle=":", linewidth=1)
-        top.annotate(f"worst: token {worst}", (worst, 1), xycoords=("data", "axes fraction"),
+        top.annotate(f"worst: {t.label(worst)}", (worst, 1), xycoords=("data", "axes fraction"),
                      xytext=(4, -12), textcoords="offset points", fontsize="small")
     return _svg(fig, "tokens")
+
+
+# ---- first divergence over (sequence, position) ----
+def token_grid_svg(report: Report) -> str:
+    import numpy as np
+    from matplotlib import colormaps
+    from matplotlib.colors import LogNorm
+    from matplotlib.patches import Rectangle
+    from matplotlib.ticker import MaxNLocator
+
+    culprit = report.culprit
+    t = culprit.tokens
+    sequences = sorted({(ref.seq_a, ref.seq_b) for ref in t.refs})
+    row_of = {pair: i for i, pair in enumerate(sequences)}
+    first_position = min(ref.position for ref in t.refs)
+    width = max(ref.position for ref in t.refs) - first_position + 1
+    values = np.full((len(sequences), width), np.nan)
+    for ref, max_abs, differing in zip(t.refs, t.max_abs, t.differing):
+        cell = (row_of[(ref.seq_a, ref.seq_b)], ref.position - first_position)
+        if not differing:
+            values[cell] = 0.0
+        elif max_abs > 0:
+            values[cell] = max_abs
+        else:
+            values[cell] = np.inf
+    finite = values[np.isfinite(values) & (values > 0)]
+    low, high = (float(finite.min()), float(finite.max())) if finite.size else (1e-9, 1.0)
+    high = max(high, low * 10)
+    values[values == 0] = low / 10          # below the scale: "passes" colour
+    values[np.isposinf(values)] = high * 10  # above the scale: "fails, no absolute difference"
+    cmap = colormaps["YlOrRd"].with_extremes(under=EQUAL, over=UNMEASURED, bad=MISSING)
+    fig = _new_figure(min(16, max(6.5, 0.12 * width + 4)), min(20, max(2.6, 0.35 * len(sequences) + 1.6)))
+    ax = fig.subplots()
+    extent = (first_position - 0.5, first_position + width - 0.5, len(sequences) - 0.5, -0.5)
+    image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, norm=LogNorm(vmin=low, vmax=high), aspect="auto",
+                      interpolation="nearest", extent=extent)
+    fig.colorbar(image, ax=ax, extend="both", label="max abs error")
+    ax.set_yticks(range(len(sequences)), [f"{a} / {b}" for a, b in sequences], fontsize="small")
+    ax.set_ylabel("sequence (A / B)")
+    ax.set_xlabel("position")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    first = culprit.comparison.tokens.first_differing if culprit.comparison.tokens is not None else None
+    if first is not None and (first.seq_a, first.seq_b) in row_of:
+        row = row_of[(first.seq_a, first.seq_b)]
+        ax.add_patch(Rectangle((first.position - 0.5, row - 0.5), 1, 1, fill=False, edgecolor="crimson",
+                               linewidth=2))
+        ax.annotate(f"first: position {first.position}", (first.position, row), xytext=(6, -10),
+                    textcoords="offset points", fontsize="small", color="crimson")
+    return _svg(fig, "token-grid")

@@ -21,7 +21,8 @@ import torch
 from tdiff.compare.engine import Comparison
 from tdiff.compare.metrics import CHUNK_ELEMENTS, EXACT, Tolerance, beyond_tolerance, bits_of, integer_abs_difference, \
     json_number
-from tdiff.compare.pairing import Pairing, Side
+from tdiff.compare.pairing import Pair, Side
+from tdiff.compare.tokens import TokenRef
 from tdiff.store import Dump
 
 
@@ -34,6 +35,7 @@ class TokenErrors:
     mismatched: list[int]   # per token: elements whose bits differ
     per_token: int          # elements per token
     outside: list[int] | None = None   # per token: elements outside the tolerance (None: bitwise)
+    refs: list[TokenRef] | None = None  # per token of a token-aligned pair: its sequences and position
 
     @property
     def differing(self) -> list[int]:
@@ -53,11 +55,19 @@ class TokenErrors:
         best = max(range(len(self.max_abs)), key=lambda i: (differing[i] > 0, self.max_abs[i], differing[i]))
         return best if self.max_abs[best] > 0 else next(i for i, n in enumerate(differing) if n)
 
+    def label(self, token: int) -> str:
+        """A token as the reader knows it: its position and sequences when aligned, else its index."""
+        if self.refs is None:
+            return f"token {token}"
+        ref = self.refs[token]
+        return f"position {ref.position} of sequence {ref.seq_a} (A) / {ref.seq_b} (B)"
+
     def to_json(self) -> dict:
         return {"name": self.name, "axis": self.axis, "shape": self.shape, "per_token": self.per_token,
                 "tokens_differ": self.tokens_differ, "worst": self.worst,
                 "max_abs": [json_number(v) for v in self.max_abs], "mismatched": self.mismatched,
-                "outside_tolerance": self.differing}
+                "outside_tolerance": self.differing,
+                "tokens": [ref.to_json() for ref in self.refs] if self.refs is not None else None}
 
 
 def token_axis(shape: tuple[int, ...], *, aligned: bool = False) -> int | None:
@@ -120,20 +130,20 @@ def _difference(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor | None, 
     return abs_diff, differs
 
 
-def culprit_token_errors(a: Dump, b: Dump, culprit: Comparison, pairing: Pairing,
+def culprit_token_errors(a: Dump, b: Dump, culprit: Comparison, pairs: list[Pair],
                          tolerance: Tolerance = EXACT) -> tuple[TokenErrors | None, str | None]:
-    """The culprit's per-token error, or None and why there is none."""
+    """The culprit's per-token error, or None and why there is none; ``pairs`` are the pairing's
+    pairs of ``a`` and ``b`` again (for the tensors' data)."""
     if culprit.a is None or culprit.b is None:
         return None, f"captured on side {'A' if culprit.b is None else 'B'} only"
     if culprit.status == "shape_mismatch":
         return None, f"the shapes differ ({culprit.reason})"
-    pair = next((p for p in pairing.pair(a, b) if p.name == culprit.name and p.a and p.b
-                 and p.record.pair_key == culprit.record.pair_key), None)
-    if pair is None:
+    pair = find_pair(pairs, culprit)
+    if pair is None or pair.a is None or pair.b is None:
         return None, "the tensor is not found again in the dumps"
     if not all(side.load is not None or side.record.has_data for side in (pair.a, pair.b)):
         return None, "captured in stats mode (no tensor data); capture it with --mode full"
-    ta, tb = _load(pair.a, a), _load(pair.b, b)
+    ta, tb = load_side(pair.a, a), load_side(pair.b, b)
     if ta.shape != tb.shape:
         return None, f"the shapes differ ({list(ta.shape)} vs {list(tb.shape)})"
     if ta.numel() == 0:
@@ -142,8 +152,17 @@ def culprit_token_errors(a: Dump, b: Dump, culprit: Comparison, pairing: Pairing
     axis = token_axis(tuple(ta.shape), aligned=aligned)
     if axis is None:
         return None, "a scalar has no token axis"
-    return token_errors(culprit.name, ta, tb, axis, tolerance), None
+    errors = token_errors(culprit.name, ta, tb, axis, tolerance)
+    if pair.tokens is not None and axis == 0 and len(pair.tokens.refs) == ta.shape[0]:
+        errors.refs = pair.tokens.refs
+    return errors, None
 
 
-def _load(side: Side, dump: Dump) -> torch.Tensor:
+def find_pair(pairs: list[Pair], c: Comparison) -> Pair | None:
+    """The pair a comparison was made of, among the pairing's pairs made again."""
+    return next((p for p in pairs if p.name == c.name and p.a and p.b and p.record.pair_key == c.record.pair_key),
+                None)
+
+
+def load_side(side: Side, dump: Dump) -> torch.Tensor:
     return side.load() if side.load is not None else dump.load(side.record)

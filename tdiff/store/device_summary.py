@@ -8,10 +8,16 @@ same mix64 digest as :func:`tdiff.store.fingerprint.tensor_stats` and
 :func:`tdiff.store.fingerprint.mix64_fingerprint_tensor` (integer sums modulo 2**64 do not depend
 on their order).
 
-Floating tensors whose bytes fill whole 8-byte words take this path; others fall back to torch.
+Floating and 32- and 64-bit integer tensors (position ids) whose bytes fill whole 8-byte words take
+this path; others fall back to torch.
+Stats mode records hundreds of small tensors a forward, where the host's cost of a launch is what
+counts: :func:`group_summary_into` summarises up to :data:`GROUP` of them (a module call's inputs,
+say) in one launch; a large tensor gets a launch of its own, whose loads the compiler can vectorise.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import triton
@@ -19,7 +25,10 @@ import triton.language as tl
 
 from tdiff.store.fingerprint import MIX_INCREMENT, MIX_MULTIPLIER_1, MIX_MULTIPLIER_2
 
-FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32)
+_WIDE = (torch.float64, torch.int64, torch.int32)  # summed in float64, as tensor_stats does
+GROUP = 8  # tensors per launch of the group kernel
+GROUPED_MAX_ELEMENTS = 1 << 22  # larger tensors get a launch of their own (aligned, vectorised loads)
 _BLOCK = 4096
 _FOLD = 1024
 
@@ -38,21 +47,20 @@ def _splitmix64_finalize(z, multiplier_1, multiplier_2):
 
 
 @triton.jit
-def _summary_kernel(values, words, partial_f, partial_i, finished, out_f, out_i, numel, nwords,
-                    increment, multiplier_1, multiplier_2,
-                    BLOCK: tl.constexpr, WORDS: tl.constexpr, FOLD: tl.constexpr):
-    """Each program summarises one block into the partials; the last program to finish folds
-    them, in block order, into out_f[0:6] and the digest into out_i[6]."""
-    pid = tl.program_id(0)
-    index = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # int64: logits exceed 2**31 elements
+def _block_partials(values, words, local, numel, nwords, partial_f, partial_i, pid,
+                    increment, multiplier_1, multiplier_2, BLOCK: tl.constexpr, WORDS: tl.constexpr):
+    """Block ``local`` of one tensor: its min, max, sums, NaN and inf counts and mix64 partial sum,
+    into row ``pid`` of the partials."""
+    index = local.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # int64: logits exceed 2**31 elements
     inside = index < numel
-    x = tl.load(values + index, mask=inside, other=0).to(tl.float32)
+    # float32 for 16- and 32-bit floats, float64 for float64 and integers (as tensor_stats)
+    x = tl.load(values + index, mask=inside, other=0).to(partial_f.dtype.element_ty)
     is_nan = x != x  # noqa: PLR0124 - NaN is the one value unequal to itself (Triton's test for it)
     is_inf = (x == float("inf")) | (x == float("-inf"))
     numeric = inside & ~is_nan
     finite = numeric & ~is_inf
     kept = tl.where(finite, x, 0.0)
-    word_index = pid.to(tl.int64) * WORDS + tl.arange(0, WORDS)
+    word_index = local.to(tl.int64) * WORDS + tl.arange(0, WORDS)
     word_inside = word_index < nwords
     word = tl.load(words + word_index, mask=word_inside, other=0)
     key = _splitmix64_finalize((word_index + 1) * increment, multiplier_1, multiplier_2)
@@ -64,38 +72,119 @@ def _summary_kernel(values, words, partial_f, partial_i, finished, out_f, out_i,
     tl.store(partial_i + pid * 3 + 0, tl.sum((inside & is_nan).to(tl.int64), axis=0))
     tl.store(partial_i + pid * 3 + 1, tl.sum((inside & is_inf).to(tl.int64), axis=0))
     tl.store(partial_i + pid * 3 + 2, tl.sum(tl.where(word_inside, mixed, 0), axis=0))
+
+
+@triton.jit
+def _fold(partial_f, partial_i, first, blocks, numel, out_f, out_i, FOLD: tl.constexpr):
+    """Fold partial rows ``first`` to ``first + blocks``, in block order, into out_f[0:6] and the
+    digest into out_i[6]."""
+    lo = tl.full((FOLD,), float("inf"), partial_f.dtype.element_ty)
+    hi = tl.full((FOLD,), float("-inf"), partial_f.dtype.element_ty)
+    total = tl.zeros((FOLD,), tl.float64)
+    abs_total = tl.zeros((FOLD,), tl.float64)
+    nans = tl.zeros((FOLD,), tl.int64)
+    infs = tl.zeros((FOLD,), tl.int64)
+    digest = tl.zeros((FOLD,), tl.int64)
+    for start in range(0, blocks, FOLD):
+        block = start + tl.arange(0, FOLD)
+        ok = block < blocks
+        row = first + block
+        lo = tl.minimum(lo, tl.load(partial_f + row * 4 + 0, mask=ok, other=float("inf")))
+        hi = tl.maximum(hi, tl.load(partial_f + row * 4 + 1, mask=ok, other=float("-inf")))
+        total += tl.load(partial_f + row * 4 + 2, mask=ok, other=0).to(tl.float64)
+        abs_total += tl.load(partial_f + row * 4 + 3, mask=ok, other=0).to(tl.float64)
+        nans += tl.load(partial_i + row * 3 + 0, mask=ok, other=0)
+        infs += tl.load(partial_i + row * 3 + 1, mask=ok, other=0)
+        digest += tl.load(partial_i + row * 3 + 2, mask=ok, other=0)
+    n_nan = tl.sum(nans, axis=0)
+    n_inf = tl.sum(infs, axis=0)
+    n_finite = tl.maximum(numel - n_nan - n_inf, 1).to(tl.float64)
+    tl.store(out_f + 0, tl.min(lo, axis=0).to(tl.float64))
+    tl.store(out_f + 1, tl.max(hi, axis=0).to(tl.float64))
+    tl.store(out_f + 2, tl.sum(total, axis=0) / n_finite)
+    tl.store(out_f + 3, tl.sum(abs_total, axis=0) / n_finite)
+    tl.store(out_f + 4, n_nan.to(tl.float64))
+    tl.store(out_f + 5, n_inf.to(tl.float64))
+    tl.store(out_i + 6, tl.sum(digest, axis=0))
+
+
+@triton.jit
+def _summary_kernel(values, words, partial_f, partial_i, finished, out_f, out_i, numel, nwords,
+                    increment, multiplier_1, multiplier_2,
+                    BLOCK: tl.constexpr, WORDS: tl.constexpr, FOLD: tl.constexpr):
+    """Each program summarises one block into the partials; the last program to finish folds
+    them, in block order, into out_f[0:6] and the digest into out_i[6]."""
+    pid = tl.program_id(0)
+    _block_partials(values, words, pid, numel, nwords, partial_f, partial_i, pid,
+                    increment, multiplier_1, multiplier_2, BLOCK, WORDS)
     blocks = tl.num_programs(0)
     # release: this program's partials are visible to whoever sees the count; acquire: the last
     # program sees everyone's
     if tl.atomic_add(finished, 1, sem="acq_rel") == blocks - 1:
-        lo = tl.full((FOLD,), float("inf"), tl.float32)
-        hi = tl.full((FOLD,), float("-inf"), tl.float32)
-        total = tl.zeros((FOLD,), tl.float64)
-        abs_total = tl.zeros((FOLD,), tl.float64)
-        nans = tl.zeros((FOLD,), tl.int64)
-        infs = tl.zeros((FOLD,), tl.int64)
-        digest = tl.zeros((FOLD,), tl.int64)
-        for start in range(0, blocks, FOLD):
-            block = start + tl.arange(0, FOLD)
-            ok = block < blocks
-            lo = tl.minimum(lo, tl.load(partial_f + block * 4 + 0, mask=ok, other=float("inf")))
-            hi = tl.maximum(hi, tl.load(partial_f + block * 4 + 1, mask=ok, other=float("-inf")))
-            total += tl.load(partial_f + block * 4 + 2, mask=ok, other=0).to(tl.float64)
-            abs_total += tl.load(partial_f + block * 4 + 3, mask=ok, other=0).to(tl.float64)
-            nans += tl.load(partial_i + block * 3 + 0, mask=ok, other=0)
-            infs += tl.load(partial_i + block * 3 + 1, mask=ok, other=0)
-            digest += tl.load(partial_i + block * 3 + 2, mask=ok, other=0)
-        n_nan = tl.sum(nans, axis=0)
-        n_inf = tl.sum(infs, axis=0)
-        n_finite = tl.maximum(numel - n_nan - n_inf, 1).to(tl.float64)
-        tl.store(out_f + 0, tl.min(lo, axis=0).to(tl.float64))
-        tl.store(out_f + 1, tl.max(hi, axis=0).to(tl.float64))
-        tl.store(out_f + 2, tl.sum(total, axis=0) / n_finite)
-        tl.store(out_f + 3, tl.sum(abs_total, axis=0) / n_finite)
-        tl.store(out_f + 4, n_nan.to(tl.float64))
-        tl.store(out_f + 5, n_inf.to(tl.float64))
-        tl.store(out_i + 6, tl.sum(digest, axis=0))
+        _fold(partial_f, partial_i, 0, blocks, numel, out_f, out_i, FOLD)
         tl.store(finished, 0)  # ready for the next tensor
+
+
+@triton.jit
+def _pick(take, new, old):
+    return tl.where(take, new, old)
+
+
+@triton.jit(do_not_specialize=["slot", "a0", "a1", "a2", "a3", "a4", "a5", "a6", "a7",
+                               "n0", "n1", "n2", "n3", "n4", "n5", "n6", "n7"])
+def _group_summary_kernel(dtype_witness, partial_f, partial_i, finished, out_f, out_i, slot,
+                          a0, a1, a2, a3, a4, a5, a6, a7, n0, n1, n2, n3, n4, n5, n6, n7,
+                          increment, multiplier_1, multiplier_2, ELEMENT_BYTES: tl.constexpr,
+                          BLOCK: tl.constexpr, WORDS: tl.constexpr, FOLD: tl.constexpr):
+    """Up to 8 tensors of one dtype (``dtype_witness``'s) in one launch, at addresses ``a*`` with
+    element counts ``n*`` (unused ones trail with count 0): the programs cover each tensor's blocks
+    in turn, and the last program of each tensor folds its partials into table row ``slot + i``
+    and resets counter ``slot + i``. Addresses are 64-bit integers, so the kernel compiles once per
+    dtype whatever the tensors."""
+    pid = tl.program_id(0)
+    # which tensor this program's block belongs to: the last whose first block is <= pid
+    first = pid * 0
+    index = pid * 0
+    address = a0
+    numel = n0.to(tl.int64)
+    start = tl.cdiv(n0, BLOCK)
+    take = pid >= start
+    first, index, address, numel = _pick(take, start, first), _pick(take, 1, index), _pick(take, a1, address), \
+        _pick(take, n1.to(tl.int64), numel)
+    start += tl.cdiv(n1, BLOCK)
+    take = pid >= start
+    first, index, address, numel = _pick(take, start, first), _pick(take, 2, index), _pick(take, a2, address), \
+        _pick(take, n2.to(tl.int64), numel)
+    start += tl.cdiv(n2, BLOCK)
+    take = pid >= start
+    first, index, address, numel = _pick(take, start, first), _pick(take, 3, index), _pick(take, a3, address), \
+        _pick(take, n3.to(tl.int64), numel)
+    start += tl.cdiv(n3, BLOCK)
+    take = pid >= start
+    first, index, address, numel = _pick(take, start, first), _pick(take, 4, index), _pick(take, a4, address), \
+        _pick(take, n4.to(tl.int64), numel)
+    start += tl.cdiv(n4, BLOCK)
+    take = pid >= start
+    first, index, address, numel = _pick(take, start, first), _pick(take, 5, index), _pick(take, a5, address), \
+        _pick(take, n5.to(tl.int64), numel)
+    start += tl.cdiv(n5, BLOCK)
+    take = pid >= start
+    first, index, address, numel = _pick(take, start, first), _pick(take, 6, index), _pick(take, a6, address), \
+        _pick(take, n6.to(tl.int64), numel)
+    start += tl.cdiv(n6, BLOCK)
+    take = pid >= start
+    first, index, address, numel = _pick(take, start, first), _pick(take, 7, index), _pick(take, a7, address), \
+        _pick(take, n7.to(tl.int64), numel)
+    values = address.to(dtype_witness.dtype)
+    words = address.to(tl.pointer_type(tl.int64))
+    nwords = numel * ELEMENT_BYTES // 8
+    _block_partials(values, words, pid - first, numel, nwords, partial_f, partial_i, pid,
+                    increment, multiplier_1, multiplier_2, BLOCK, WORDS)
+    blocks = tl.cdiv(numel, BLOCK)
+    row = slot + index
+    if tl.atomic_add(finished + row, 1, sem="acq_rel") == blocks - 1:
+        _fold(partial_f, partial_i, first, blocks, numel, out_f + row * 7, out_i + row * 7, FOLD)
+        tl.store(finished + row, 0)  # ready for the next tensor
 
 
 def fused_summary_supported(tensor: torch.Tensor) -> bool:
@@ -111,11 +200,58 @@ def fused_summary_into(tensor: torch.Tensor, out: torch.Tensor, finished: torch.
     values = tensor.reshape(-1)
     words = values.view(torch.int64)
     blocks = triton.cdiv(values.numel(), _BLOCK)
-    partial_f = torch.empty(blocks * 4, dtype=torch.float32, device=tensor.device)
+    partial_f = torch.empty(blocks * 4, dtype=_accumulator(tensor.dtype), device=tensor.device)
     partial_i = torch.empty(blocks * 3, dtype=torch.int64, device=tensor.device)
     _summary_kernel[(blocks,)](values, words, partial_f, partial_i, finished, out, out.view(torch.int64),
                                values.numel(), words.numel(), MIX_INCREMENT, MIX_MULTIPLIER_1, MIX_MULTIPLIER_2,
                                BLOCK=_BLOCK, WORDS=_BLOCK * values.element_size() // 8, FOLD=_FOLD)
+
+
+def group_summary_into(tensors: list[torch.Tensor], table: torch.Tensor, counters: torch.Tensor,
+                       slot: int) -> None:
+    """:func:`fused_summary_into` for up to :data:`GROUP` tensors of one dtype on one device, in
+    one launch: tensor ``i`` into ``table[slot + i]``, with counter ``counters[slot + i]``. Each
+    tensor must pass :func:`fused_summary_supported`.
+
+    The kernel is compiled once per device and dtype; later launches go to the compiled kernel
+    directly, past the JIT's per-launch work (checking all 26 arguments against its
+    specialisations): its arguments are allocator-aligned buffers and integers it does not
+    specialise on, so the kernel compiled first fits every later launch."""
+    first = tensors[0]
+    device = first.device
+    blocks = sum(triton.cdiv(t.numel(), _BLOCK) for t in tensors)
+    partial_f = torch.empty(blocks * 4, dtype=_accumulator(first.dtype), device=device)
+    partial_i = torch.empty(blocks * 3, dtype=torch.int64, device=device)
+    unused = GROUP - len(tensors)
+    element = first.element_size()
+    args = (_dtype_witness(first), partial_f, partial_i, counters, table, table.view(torch.int64), slot,
+            *(t.data_ptr() for t in tensors), *([first.data_ptr()] * unused),
+            *(t.numel() for t in tensors), *([0] * unused), MIX_INCREMENT, MIX_MULTIPLIER_1, MIX_MULTIPLIER_2)
+    constants = {"ELEMENT_BYTES": element, "BLOCK": _BLOCK, "WORDS": _BLOCK * element // 8, "FOLD": _FOLD}
+    key = (device, first.dtype)
+    compiled = _compiled_group_kernels.get(key)
+    if compiled is None:
+        _compiled_group_kernels[key] = _group_summary_kernel[(blocks,)](*args, **constants)
+    else:
+        compiled[(blocks, 1, 1)](*args, *constants.values())
+
+
+_compiled_group_kernels: dict[tuple, Any] = {}  # triton.compiler.CompiledKernel
+_dtype_witnesses: dict[tuple, torch.Tensor] = {}
+
+
+def _dtype_witness(tensor: torch.Tensor) -> torch.Tensor:
+    """A one-element tensor of the tensor's dtype on its device: tells the group kernel the dtype
+    to read at its addresses, always with the same (allocator) alignment."""
+    key = (tensor.device, tensor.dtype)
+    witness = _dtype_witnesses.get(key)
+    if witness is None:
+        witness = _dtype_witnesses[key] = torch.zeros(1, dtype=tensor.dtype, device=tensor.device)
+    return witness
+
+
+def _accumulator(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype in _WIDE else torch.float32
 
 
 def fused_summary(tensor: torch.Tensor) -> torch.Tensor:

@@ -61,11 +61,11 @@ class Record:
     def to_json(self) -> dict:
         """The record as stored: optional fields at their default value are left out."""
         out = {}
-        for f in _STORED:
-            value = getattr(self, f.name)
-            if _optional(f) and value == _default(f):
+        for name, optional, default in _STORED_FIELDS:
+            value = getattr(self, name)
+            if optional and value == default:
                 continue
-            out[f.name] = list(value) if isinstance(value, tuple) else value
+            out[name] = list(value) if isinstance(value, tuple) else value
         return out
 
     @classmethod
@@ -139,3 +139,5 @@ def _json_type(hint) -> type:
 _STORED = [f for f in dataclasses.fields(Record) if f.metadata.get("stored", True)]
 _HINTS = get_type_hints(Record)
 _SCHEMA = {f.name: (_json_type(_HINTS[f.name]), _optional(f)) for f in _STORED}
+# (name, may be left out, default) of each stored field, computed once: to_json runs per record
+_STORED_FIELDS = tuple((f.name, _optional(f), _default(f) if _optional(f) else None) for f in _STORED)

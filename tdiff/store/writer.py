@@ -1,8 +1,11 @@
 """The background writer: one per capturing process.
 
 Hooks hand over host copies (or, for device tensors, pinned copies still in flight plus a CUDA
-event); the writer thread computes statistics and fingerprints, fills size-capped shards, renames
-each finished shard into place and only then appends its records to the manifest journal.
+event, and statistics the GPU computed); the writer thread fingerprints them and fills size-capped
+shards; shard writer threads write several shards at once, rename each into place and append
+their records to the manifest journal in shard order, each only once its shard is in place.
+Pinned copies are written as they are and handed back to torch's pinned-memory cache once their
+shard is written: no second host copy.
 
 Host memory held by pending tensors is capped. At the cap :meth:`DumpWriter.submit` waits for
 the writer: nothing is dropped. If writing fails (disk full, directory gone) the writer says so
@@ -14,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import queue
+from concurrent.futures import Future
 import sys
 import threading
 from collections.abc import Sequence
@@ -31,6 +35,8 @@ from tdiff.store.tokens import TokenBatch
 
 DEFAULT_MAX_PENDING = 2 << 30
 DEFAULT_SHARD_BYTES = 512 << 20
+# shards written at once: page-cache writes of separate files overlap where there are cores to spare
+DEFAULT_SHARD_WRITERS = max(1, min(4, (os.cpu_count() or 1) // 4))
 _RECORDS_PER_FLUSH = 4096  # how many data-less records (stats mode) wait before they are journaled
 
 
@@ -47,7 +53,7 @@ class Pending:
     record: Record
     data: torch.Tensor | None = None        # host copy (full mode)
     ready: torch.cuda.Event | None = None   # CUDA event that completes ``data``
-    summary: Summary | None = None          # stats mode
+    summary: Summary | None = None          # stats mode; in full mode, statistics the GPU computed
     nbytes: int = 0                         # host bytes this item holds until its shard is written
 
 
@@ -58,7 +64,7 @@ _STOP = object()
 class DumpWriter:
     def __init__(self, root: Path, part: str, header: dict, *, storage: str = "safetensors",
                  max_pending_bytes: int = DEFAULT_MAX_PENDING,
-                 shard_bytes: int = DEFAULT_SHARD_BYTES):
+                 shard_bytes: int = DEFAULT_SHARD_BYTES, shard_writers: int = DEFAULT_SHARD_WRITERS):
         self.root = Path(root)
         self.part = part
         self.storage = storage_for(storage)
@@ -78,6 +84,8 @@ class DumpWriter:
         self._records: list[Record] = []
         self._tokens: list[TokenBatch] = []
         self._stored: dict[int, Record] = {}  # seq -> record holding the bytes (for aliases)
+        self._shard_writers = _ShardWriters(shard_writers, name=f"tdiff-shards-{part}")
+        self._last_shard: Future | None = None  # journals its records after every shard before it
         self._thread = threading.Thread(target=self._run, name=f"tdiff-writer-{part}", daemon=True)
         self._thread.start()
 
@@ -138,10 +146,13 @@ class DumpWriter:
             item = self._queue.get()
             if item is _STOP:
                 self._guarded(self._flush_shard)
+                self._wait_for_shards()
+                self._shard_writers.shutdown()
                 return
             if item is _FLUSH:
                 self._guarded(self._flush_shard)
             elif isinstance(item, threading.Event):
+                self._wait_for_shards()
                 item.set()  # drain(): everything before it is handled
             elif isinstance(item, TokenBatch):
                 self._tokens.append(item)
@@ -161,15 +172,15 @@ class DumpWriter:
         data = item.data
         if item.ready is not None:
             item.ready.synchronize()
-            data = data.clone()  # hand the pinned buffer back to torch's cache for the next copies
         if record.alias_of is not None:
             original = self._stored[record.alias_of]
             record = dataclasses.replace(record, stats=original.stats, fingerprint=original.fingerprint,
                                          file=original.file, key=original.key)
         elif data is not None:
             key = f"t{record.seq}"
-            record = dataclasses.replace(record, stats=stats_dict(host_stats(data)),
-                                         fingerprint=xxh3_fingerprint(data), file=self._shard_name(), key=key)
+            stats = item.summary.resolve(record)[0] if item.summary is not None else stats_dict(host_stats(data))
+            record = dataclasses.replace(record, stats=stats, fingerprint=xxh3_fingerprint(data),
+                                         file=self._shard_name(), key=key)
             self._shard[key] = data
             self._shard_bytes += item.nbytes
         else:
@@ -184,16 +195,33 @@ class DumpWriter:
         return f"{self.part}.s{self._shard_index:05d}.{self.storage.suffix}"
 
     def _flush_shard(self) -> None:
-        if self._shard:
-            self.storage.write(self.root / DATA_DIR / self._shard_name(), self._shard)
+        """Hand the shard filled so far, and the records since the last one, to a shard writer."""
+        name = self._shard_name() if self._shard else None
+        if name is not None:
             self._shard_index += 1
-        self._journal.append(self._records, self._tokens)
-        self.records_written += len(self._records)
-        self._records = []
-        self._tokens = []
-        self._shard = {}
-        self._release(self._shard_bytes)
-        self._shard_bytes = 0
+        job = (name, self._shard, self._records, self._tokens, self._shard_bytes, self._last_shard)
+        self._shard, self._records, self._tokens, self._shard_bytes = {}, [], [], 0
+        self._last_shard = self._shard_writers.submit(self._write_shard, *job)
+
+    def _write_shard(self, name: str | None, shard: dict, records: list[Record], tokens: list[TokenBatch],
+                     nbytes: int, previous: Future | None) -> None:
+        try:
+            if name is not None and not self.failed:
+                self.storage.write(self.root / DATA_DIR / name, shard)
+            shard.clear()  # the pinned copies go back to torch's cache
+            if previous is not None:
+                previous.result()  # the manifest lists records in the order they were recorded
+            if not self.failed:
+                self._journal.append(records, tokens)
+                self.records_written += len(records)
+        except Exception as exc:  # noqa: BLE001 - any write failure ends this part, not the model
+            self._fail(f"writing {self.root} failed: {_reason(exc)}")
+        finally:
+            self._release(nbytes)
+
+    def _wait_for_shards(self) -> None:
+        if self._last_shard is not None:
+            self._last_shard.result()
 
     def _release(self, nbytes: int) -> None:
         if nbytes:
@@ -202,19 +230,48 @@ class DumpWriter:
                 self._space.notify_all()
 
     def _fail(self, reason: str) -> None:
-        self.error = reason
-        self._report(f"{reason}; capture stopped, the dump is marked incomplete")
-        self._shard = {}
-        self._records = []
-        self._tokens = []
-        self._release(self._shard_bytes)
-        self._shard_bytes = 0
         with self._space:
+            first = self.error is None
+            if first:
+                self.error = reason
             self._space.notify_all()  # a waiting hook sees the failure and returns
+        if first:
+            self._report(f"{reason}; capture stopped, the dump is marked incomplete")
 
     @staticmethod
     def _report(message: str) -> None:
         print(f"tdiff: {message}", file=sys.stderr, flush=True)
+
+
+class _ShardWriters:
+    """A few daemon threads that write shards. Not a ThreadPoolExecutor: a capture often ends in
+    an atexit handler, after concurrent.futures has stopped taking work at interpreter shutdown."""
+
+    def __init__(self, count: int, name: str):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(count)]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, fn, *args) -> Future:
+        future: Future = Future()
+        self._jobs.put((future, fn, args))
+        return future
+
+    def shutdown(self) -> None:
+        for _ in self._threads:
+            self._jobs.put(None)
+        for thread in self._threads:
+            thread.join()
+
+    def _work(self) -> None:
+        _yield_to_the_model()
+        while (job := self._jobs.get()) is not None:
+            future, fn, args = job
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # noqa: BLE001 - the waiting writer re-raises it
+                future.set_exception(exc)
 
 
 def _yield_to_the_model() -> None:

@@ -161,6 +161,60 @@ def test_the_fused_kernel_the_torch_ops_and_the_cpu_give_one_mix64_digest():
             seen[triple[0]] = (name, t)
 
 
+def test_one_group_launch_gives_each_tensor_the_summary_the_torch_ops_give():
+    """Up to eight tensors of one dtype in one launch (sizes on and off the block edges, NaN, inf,
+    slices that start inside their storage): each table row holds the tensor's own statistics and
+    mix64 digest, as the torch ops compute them."""
+    from tdiff.store.device_summary import GROUP, group_summary_into
+    from tdiff.store.fingerprint import mix64_fingerprint_tensor, tensor_stats
+
+    generator = torch.Generator("cuda").manual_seed(3)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32):
+        def draw(n, dtype=dtype):
+            if dtype.is_floating_point:
+                return (torch.randn(n, device="cuda", generator=generator) * 3).to(dtype)
+            return torch.randint(-50_000, 50_000, (n,), device="cuda", generator=generator).to(dtype)
+
+        storage = draw(1 << 16)
+        if dtype.is_floating_point:
+            storage[77], storage[78] = float("nan"), float("inf")
+        tensors = [draw(n) for n in (8, 4096, 4100, 3 * 4096 + 16, 12_000, 40_000)]
+        tensors += [storage[64:64 + 9000], storage[:8]]
+        assert len(tensors) == GROUP
+        for count in (1, 3, GROUP):
+            table = torch.full((16, 7), float("nan"), dtype=torch.float64, device="cuda")
+            counters = torch.zeros(16, 1, dtype=torch.int32, device="cuda")
+            group_summary_into(tensors[:count], table, counters, 5)
+            for i, t in enumerate(tensors[:count]):
+                assert int(table[5 + i].view(torch.int64)[6]) == int(mix64_fingerprint_tensor(t)), (dtype, i)
+                assert torch.allclose(table[5 + i, :6], tensor_stats(t), rtol=1e-5, equal_nan=True), \
+                    (dtype, i, table[5 + i], tensor_stats(t))
+            assert not counters.any()  # every counter left at zero for the next launch
+            assert table[:5].isnan().all() and table[5 + count:].isnan().all()  # no other row written
+
+
+def test_stats_of_tensors_changed_in_place_right_after_the_hook_are_their_values_then(tmp_path):
+    """Grouped summaries are launched before the module runs (inputs) and before its caller goes
+    on (outputs): a stats dump of tensors changed in place right after equals a full dump."""
+    class Pair(torch.nn.Module):
+        def forward(self, x, y):
+            return x * 1, y * 1, x + y
+
+    module = Pair()
+    x = torch.randn(3000, device="cuda")
+    y = torch.randn(3000, device="cuda")
+    for mode in ("stats", "full"):
+        with tdiff.capture(tmp_path / mode, mode=mode):
+            a, b, c = module(x.clone(), y.clone())
+            a.mul_(2), b.add_(1), c.neg_()
+            torch.cuda.synchronize()
+    stats, full = open_dump(tmp_path / "stats"), open_dump(tmp_path / "full")
+    assert len(stats.records) == len(full.records) == 5
+    assert compare_dumps(full, stats).first_divergence is None
+    for s, f in zip(stats.records, full.records):
+        assert s.stats == pytest.approx(f.stats, rel=1e-5), s.name
+
+
 def test_an_in_place_change_after_the_hook_does_not_reach_the_copy(tmp_path):
     class Producer(torch.nn.Module):
         def forward(self, x):

@@ -3,6 +3,7 @@ KV cache (EXTEND, then DECODE steps) against megatron-core scoring the finished 
 and packed THD, every run captured by `tdiff capture` in a subprocess as a user would."""
 
 import json
+import struct
 
 from itertools import chain
 
@@ -12,7 +13,7 @@ from tdiff.bisect import bisect_dumps
 from tdiff.store import open_dump
 from tdiff.store.tokens import PADDING, RowTokens
 from tdiff.testing import assert_match
-from tests.helpers import REPO, tdiff_process
+from tests.helpers import REPO, tdiff_cli, tdiff_process
 
 pytestmark = pytest.mark.slow
 
@@ -101,6 +102,25 @@ def test_the_rollout_log_probs_are_the_trainer_log_probs_within_fp32_round_off(r
                  for p in range(n, len(s))}
     assert set(engine) == set(trainer) == responses
     assert max(abs(engine[t] - trainer[t]) for t in responses) <= TOLERANCE
+
+
+@pytest.mark.parametrize("layout", ["padded", "thd"])
+def test_the_report_counts_log_prob_parity_per_sequence_and_rank(runs, layout):
+    """`tdiff report`'s parity table: per sequence, the response tokens whose log-probs are
+    bitwise equal and within the tolerance, as the tensors say (one rank: no tensor parallelism)."""
+    dumps, rollout = runs
+    engine, trainer = logprobs_by_token(dumps["engine"]), logprobs_by_token(dumps[layout])
+    expected = {}
+    for i, (sequence, prompt) in enumerate(zip(rollout["sequences"], rollout["prompt_lens"])):
+        pairs = [(engine[(i, p)], trainer[(i, p)]) for p in range(prompt, len(sequence))]
+        expected[(i, i, 0)] = (len(pairs), sum(struct.pack("<f", x) == struct.pack("<f", y) for x, y in pairs),
+                               sum(abs(x - y) <= TOLERANCE for x, y in pairs))
+    result = tdiff_cli("report", dumps["engine"], dumps[layout], "--atol", str(TOLERANCE), "--format", "json",
+                       expect=0)
+    rows = json.loads(result.output)["token_parity"]
+    assert {(r["seq_a"], r["seq_b"], r["rank"]): (r["compared"], r["equal"], r["within_tolerance"])
+            for r in rows} == expected
+    assert {(r["tensor"], r["scope"]) for r in rows} == {("logprobs", "response")}
 
 
 def test_the_planted_fault_is_on_the_decode_path_alone(runs):

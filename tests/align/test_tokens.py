@@ -91,6 +91,22 @@ def test_a_decode_only_fault_is_named_with_its_module_kind_and_token(runs):
     assert culprit.tokens.compared - culprit.tokens.equal == len(PROMPTS) * DECODE_STEPS
 
 
+def test_op_records_on_pairs_aligned_by_token_stop_bisect_at_the_module_and_say_why(tmp_path):
+    model = tiny_qwen2()
+    ops = {"ops": f"^{FAULTY}$"}
+    rollout = hf_rollout.engine(model, PROMPTS, DECODE_STEPS, tmp_path / "clean", **ops)
+    hf_rollout.trainer(model, rollout.sequences, tmp_path / "trainer", **ops)
+    handle = hf_rollout.decode_only_fault(model, FAULTY)
+    hf_rollout.engine(model, PROMPTS, DECODE_STEPS, tmp_path / "faulty", **ops)
+    handle.remove()
+    trainer, faulty = open_dump(tmp_path / "trainer"), open_dump(tmp_path / "faulty")
+    assert trainer.ops and faulty.ops
+    result = bisect_dumps(trainer, faulty, tolerance=TOLERANCE, pairing=choose_pairing(trainer, faulty))
+    found = result.first_divergence
+    assert (found.module, found.token is not None, found.op) == (FAULTY, True, None)
+    assert any("aligned by token" in note and "stops at the module" in note for note in result.notes)
+
+
 def test_the_fault_hides_nowhere_bitwise_either(runs):
     root, _ = runs
     trainer, faulty = _dumps(root, "faulty")

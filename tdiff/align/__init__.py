@@ -38,7 +38,8 @@ def choose_pairing(dump_a: Dump, dump_b: Dump, mapping: str | Path | None = None
     up (run B swapped a module for a subclass of the user's own: its classes say nothing about the
     model); by canonical boundary otherwise (two frameworks adapters know, TP=2 vs TP=1, a dump
     imported from SGLang's dumper, a mapping file). Over either, by token when both dumps carry
-    token metadata and their steps or token layouts differ.
+    token metadata and their steps or token layouts differ (unless no tensor has rows to locate by
+    token: then the pairing above stands).
 
     ``align`` (``--align``) forces one: "names", "boundaries" or "tokens" (over the pairing the
     rules above pick).
@@ -53,8 +54,10 @@ def choose_pairing(dump_a: Dump, dump_b: Dump, mapping: str | Path | None = None
             raise TdiffError("--align names pairs by module path: it takes no --mapping")
         return NamePairing()
     base = _base_pairing(dump_a, dump_b, mapping, by_boundary=align == "boundaries")
-    if align == "tokens" or (align is None and layouts_differ(dump_a, dump_b)):
+    if align == "tokens":
         return TokenPairing(base)
+    if align is None and layouts_differ(dump_a, dump_b):
+        return TokenPairing(base, chosen=True)
     return base
 
 

@@ -128,3 +128,24 @@ def test_replicated_ranks_hold_one_layout_and_another_batching_is_another(tmp_pa
     assert not isinstance(choose_pairing(tp2, tp1), TokenPairing)
     other = packed_trainer(tmp_path / "other", ["r1", "r3"])
     assert layouts_differ(tp1, other) and isinstance(choose_pairing(tp1, other), TokenPairing)
+
+
+def test_when_no_tensor_has_rows_by_token_the_dumps_pair_by_name_unless_tokens_are_asked_for(tmp_path):
+    """One sequence alone against the same sequence in a batch: both forwards carry token metadata,
+    but the script dumps only its first row's log-probs, without positions (nothing to locate)."""
+    from tdiff.compare.pairing import NamePairing
+    from tdiff.errors import TdiffError
+
+    sequences = [PROMPT + RESPONSES[r] for r in ("r1", "r3")]
+    dumps = []
+    for name, batch in (("alone", sequences[:1]), ("batched", sequences)):
+        with tdiff.capture(tmp_path / name):
+            tdiff.tokens(input_ids=[t for s in batch for t in s], seq_lens=[len(s) for s in batch])
+            tdiff.dump("logprobs", torch.tensor([[value("r1", p)[0] for p in range(len(sequences[0]) - 1)]]))
+        dumps.append(open_dump(tmp_path / name))
+    pairing = choose_pairing(*dumps)
+    report = compare_dumps(*dumps, pairing=pairing)
+    assert isinstance(pairing.base, NamePairing) and pairing.alignment is None
+    assert report.status == "match" and [c.name for c in report.comparisons] == ["logprobs"]
+    with pytest.raises(TdiffError, match="nothing to compare"):
+        compare_dumps(*dumps, pairing=choose_pairing(*dumps, align="tokens"))

@@ -91,11 +91,16 @@ class _Group:
 
 
 class TokenPairing:
-    """Pairs by token over ``base``'s tensors; after :meth:`pair`, ``alignment`` says how."""
+    """Pairs by token over ``base``'s tensors; after :meth:`pair`, ``alignment`` says how.
 
-    def __init__(self, base: Pairing):
+    ``chosen``: picked because the dumps' token layouts differ, not asked for (--align tokens).
+    Then, when no tensor of either dump has rows to locate by token (a script's own log-probs of
+    one row, dumped without positions), the base pairing stands: its pairs, its alignment."""
+
+    def __init__(self, base: Pairing, *, chosen: bool = False):
         self.base = base
-        self.alignment: TokenAlignment | None = None
+        self.chosen = chosen
+        self.alignment: TokenAlignment | Alignment | None = None
 
     def pair(self, a: Dump, b: Dump) -> list[Pair]:
         for dump in (a, b):
@@ -124,6 +129,9 @@ class TokenPairing:
                 alignment.not_aligned.append((group.name, aligned))
             else:
                 pairs.append(aligned)
+        if self.chosen and not any(p.tokens is not None for p in pairs):
+            self.alignment = boundaries if isinstance(boundaries, Alignment) else None
+            return base_pairs
         matcher.describe(alignment)
         if boundaries is not None and alignment.boundaries is not None:
             # one-sided at some step is the rule across layouts: only boundaries one run lacks at every step remain

@@ -51,8 +51,8 @@ def descend(a: Dump, b: Dump, divergence: Divergence, comparator: EventComparato
     if divergence.token is not None:
         # rows met by token: a decode step's ops and a prefill's have other shapes and calls
         if any(r.module in (divergence.module, divergence.module_b) for r in (*a.ops, *b.ops)):
-            return [f"op records of `{path_label(divergence.module)}` are not compared: the runs were aligned by "
-                    "token, and a decode step's ops and a prefill's have other shapes; bisect stops at the module"]
+            return [(f"op records of `{path_label(divergence.module)}` are not compared: the runs were aligned by "
+                     "token, and a decode step's ops and a prefill's have other shapes; bisect stops at the module")]
         return []
     ops_a = _call_ops(a, divergence.module, divergence.step, call, divergence.rank)
     ops_b = _call_ops(b, divergence.module_b, divergence.step, call, divergence.rank)

@@ -14,7 +14,7 @@ from tdiff.store.manifest import DUMP_FILE
 
 EVERY_FIELD = CaptureConfig(out=Path("dumps/b"), side="B2", mode="stats", storage="h5", select=("^a$", "b"),
                             exclude=("c",), layers="0-3,7", steps="1", batch_row=2, max_pending_bytes=1 << 20,
-                            graph_budget_bytes=3 << 20,
+                            graph_budget_bytes=3 << 20, ops=(r"^m\.layers\.1$",),
                             graft=GraftSpec(dump="/d/a", module="m.layers.1", module_b="m.layers.1", step=1, call=0))
 
 
@@ -29,7 +29,7 @@ def test_fields_left_to_the_capture_stay_out_of_the_environment(tmp_path):
     config = CaptureConfig(out=tmp_path / "d", side="A1", mode="full")
     payload = json.loads(config.to_env()[CAPTURE_ENV])
     assert payload == {"out": str(tmp_path / "d"), "side": "A1", "mode": "full", "storage": "safetensors",
-                       "select": [], "exclude": []}
+                       "select": [], "exclude": [], "ops": []}
     assert CaptureConfig.from_env(config.to_env()) == config
 
 

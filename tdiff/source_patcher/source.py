@@ -18,6 +18,7 @@ import os
 import sys
 import textwrap
 from dataclasses import dataclass
+from pathlib import Path
 
 from tdiff.source_patcher.errors import PatchError, TargetNotInstalled
 
@@ -111,11 +112,14 @@ def module_source(patch: str, target: str, module: str) -> tuple[str, str]:
     spec = find_module_spec(module)
     loader = getattr(spec, "loader", None)
     source = None
-    if loader is not None and hasattr(loader, "get_source"):
-        try:
+    try:
+        if loader is not None and hasattr(loader, "get_source"):
             source = loader.get_source(module)
-        except (ImportError, OSError) as exc:
-            raise PatchError(patch, target, f"cannot read the source of {module}: {exc}") from None
+        elif spec is not None and spec.has_location and (spec.origin or "").endswith(".py"):
+            # a loader that keeps no source, as pytest's assertion rewriter for a plugin's package
+            source = importlib.util.decode_source(Path(spec.origin).read_bytes())
+    except (ImportError, OSError) as exc:
+        raise PatchError(patch, target, f"cannot read the source of {module}: {exc}") from None
     if source is None:
         raise PatchError(patch, target, f"module {module} has no Python source (compiled or built in)")
     return spec.origin or module, source

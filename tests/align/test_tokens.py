@@ -15,7 +15,7 @@ from tdiff.compare.metrics import Tolerance
 from tdiff.errors import TdiffError
 from tdiff.store import open_dump
 from tests.helpers import tdiff_cli, tiny_qwen2
-from tests.stacks.hf_rollout import rollout as hf_rollout
+from tests.stacks.hf_rollout import capture_runs, rollout as hf_rollout
 
 PROMPTS, DECODE_STEPS, FAULTY = hf_rollout.PROMPTS, hf_rollout.DECODE_STEPS, hf_rollout.FAULTY
 TOLERANCE = Tolerance(atol=1e-5)   # decode and prefill differ legitimately around 1e-7 (fp32)
@@ -24,14 +24,7 @@ TOLERANCE = Tolerance(atol=1e-5)   # decode and prefill differ legitimately arou
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("rollout")
-    model = tiny_qwen2()
-    rollout = hf_rollout.engine(model, PROMPTS, DECODE_STEPS, root / "engine")
-    hf_rollout.trainer(model, rollout.sequences[::-1], root / "trainer")
-    handle = hf_rollout.decode_only_fault(model, FAULTY)
-    faulty = hf_rollout.engine(model, PROMPTS, DECODE_STEPS, root / "faulty")
-    handle.remove()
-    assert faulty.prompts == rollout.prompts
-    return root, rollout
+    return root, capture_runs(root)
 
 
 def _dumps(root, b="engine"):

@@ -21,8 +21,8 @@ from tdiff.report.model import build_report
 from tdiff.report.parity import response_starts
 from tdiff.store import open_dump
 from tdiff.store.tokens import RowTokens
-from tests.helpers import tdiff_cli, tiny_qwen2
-from tests.stacks.hf_rollout import rollout as hf_rollout
+from tests.helpers import tdiff_cli
+from tests.stacks.hf_rollout import capture_runs, rollout as hf_rollout
 
 PROMPTS, DECODE_STEPS, FAULTY = hf_rollout.PROMPTS, hf_rollout.DECODE_STEPS, hf_rollout.FAULTY
 ATOL = 1e-5
@@ -32,14 +32,7 @@ NEAR = Tolerance(atol=ATOL)    # decode and prefill differ legitimately around 1
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("rollout")
-    model = tiny_qwen2()
-    rollout = hf_rollout.engine(model, PROMPTS, DECODE_STEPS, root / "engine")
-    hf_rollout.trainer(model, rollout.sequences[::-1], root / "trainer")
-    handle = hf_rollout.decode_only_fault(model, FAULTY)
-    faulty = hf_rollout.engine(model, PROMPTS, DECODE_STEPS, root / "faulty")
-    handle.remove()
-    assert faulty.sequences == rollout.sequences   # the fault is small: the same tokens are sampled
-    return root, rollout
+    return root, capture_runs(root)
 
 
 def logprobs_by_row(path) -> dict[tuple[int, int], float]:

@@ -142,19 +142,6 @@ def test_without_op_records_bisect_gives_the_capture_command_that_zooms_in(tmp_p
 
 
 # ---- megatron-core ----
-@pytest.fixture(scope="module")
-def megatron():
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-
-    from tests.stacks import megatron
-
-    megatron.init_megatron()
-    yield megatron
-    parallel_state.destroy_model_parallel()
-    dist.destroy_process_group()
-
-
 def test_megatron_bias_dropout_add_in_bf16_is_named_in_its_function(tmp_path, megatron, monkeypatch):
     from megatron.core.fusions import fused_bias_dropout
 

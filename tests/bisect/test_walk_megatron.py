@@ -1,25 +1,10 @@
 """Offline bisection of planted faults in real megatron-core GPT models (CPU, gloo)."""
 
-import pytest
 
 import tdiff
 from tdiff.bisect import bisect_dumps
 from tests.bisect import planted
 from tests.helpers import token_ids
-
-
-@pytest.fixture(scope="module")
-def megatron():
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-
-    from tests.stacks import megatron
-
-    megatron.init_megatron()
-    yield megatron
-    # later tests in this process expect no process group (ranks then come from $RANK)
-    parallel_state.destroy_model_parallel()
-    dist.destroy_process_group()
 
 
 def capture(path, megatron, config, plant=None):

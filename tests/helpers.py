@@ -30,6 +30,31 @@ def token_ids(tokens: int = 12, seed: int = 1, vocab: int = 128) -> torch.Tensor
     return torch.randint(0, vocab, (1, tokens), generator=torch.Generator().manual_seed(seed))
 
 
+def built_wheel(into: Path) -> Path:
+    """The wheel pip builds from a fresh clone of the repository (in ``into``)."""
+    clone = fresh_clone(into / "clone")
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", into / "dist", clone], capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    [wheel] = (into / "dist").glob("*.whl")
+    return wheel
+
+
+def planted_norm_dumps(root: Path) -> tuple[Path, Path]:
+    """root/a and root/b: a tiny bf16 Qwen2 run twice, side B with its layer-1 post-attention norm
+    scaled by 1.01."""
+    import tdiff
+
+    model = tiny_qwen2(torch.bfloat16)
+    for side in ("a", "b"):
+        if side == "b":
+            model.model.layers[1].post_attention_layernorm.register_forward_hook(
+                lambda module, args, out: out * 1.01)
+        with torch.no_grad(), tdiff.capture(root / side):
+            model(token_ids())
+    return root / "a", root / "b"
+
+
 def fresh_clone(into: Path) -> Path:
     """A copy of the repository's files (tracked, and new ones git does not ignore) at ``into``,
     as a fresh clone has them: no .venv, no build outputs."""

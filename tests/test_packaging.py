@@ -3,20 +3,14 @@ project), it installs the import package `tdiff` and the `tdiff` command, and th
 section names it."""
 
 import re
-import subprocess
-import sys
 import tomllib
 import zipfile
 
-from tests.helpers import REPO, fresh_clone
+from tests.helpers import REPO, built_wheel
 
 
 def test_the_wheel_is_torch_tdiff_with_the_tdiff_package_and_command(tmp_path):
-    clone = fresh_clone(tmp_path / "clone")
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                            "-w", tmp_path / "dist", clone], capture_output=True, text=True, timeout=300)
-    assert built.returncode == 0, built.stderr
-    [wheel] = (tmp_path / "dist").glob("*.whl")
+    wheel = built_wheel(tmp_path)
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()

@@ -3,7 +3,6 @@
 import json
 
 import pytest
-import torch
 
 import tdiff
 import tdiff.bisect
@@ -11,23 +10,14 @@ import tdiff.compare
 from tdiff.bisect import BisectResult
 from tdiff.errors import TdiffError
 from tdiff.report.console import fmt_number, make_console, render_bisect
-from tests.helpers import tdiff_cli, tiny_qwen2, token_ids
+from tests.helpers import planted_norm_dumps, tdiff_cli
 
 PLANTED = "model.layers.1.post_attention_layernorm"
 
 
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory):
-    """A tiny Qwen2 run twice, side B with its layer-1 post-attention norm scaled."""
-    root = tmp_path_factory.mktemp("dumps")
-    model = tiny_qwen2(torch.bfloat16)
-    for side in ("a", "b"):
-        if side == "b":
-            model.model.layers[1].post_attention_layernorm.register_forward_hook(
-                lambda module, args, out: out * 1.01)
-        with torch.no_grad(), tdiff.capture(root / side):
-            model(token_ids())
-    return root / "a", root / "b"
+    return planted_norm_dumps(tmp_path_factory.mktemp("dumps"))
 
 
 def test_run_on_two_dumps_names_the_planted_norm(dumps):

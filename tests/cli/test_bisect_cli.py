@@ -8,22 +8,14 @@ import pytest
 import torch
 
 import tdiff
-from tests.helpers import tdiff_cli, tdiff_process, tiny_qwen2, token_ids
+from tests.helpers import planted_norm_dumps, tdiff_cli, tdiff_process, tiny_qwen2, token_ids
 
 CONTRACT = {"name", "module", "module_b", "layer", "kind", "step", "event", "introduced", "metrics"}
 
 
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory):
-    root = tmp_path_factory.mktemp("dumps")
-    model = tiny_qwen2(torch.bfloat16)
-    for side in ("a", "b"):
-        if side == "b":
-            norm = model.model.layers[1].post_attention_layernorm
-            norm.register_forward_hook(lambda module, args, out: out * 1.01)
-        with torch.no_grad(), tdiff.capture(root / side):
-            model(token_ids())
-    return root / "a", root / "b"
+    return planted_norm_dumps(tmp_path_factory.mktemp("dumps"))
 
 
 def test_json_keeps_the_contract_and_the_exit_code_says_diverged(dumps):

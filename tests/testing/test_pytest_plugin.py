@@ -8,7 +8,7 @@ import zipfile
 
 import pytest
 
-from tests.helpers import REPO, fresh_clone
+from tests.helpers import REPO, built_wheel
 
 GATED_TESTS = '''
 import torch
@@ -58,11 +58,7 @@ def test_the_fixture_captures_blocks_that_assert_match_gates(tmp_path):
 
 @pytest.mark.slow
 def test_the_installed_distribution_registers_the_plugin_for_pytest(tmp_path):
-    clone = fresh_clone(tmp_path / "clone")
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                            "-w", tmp_path / "dist", clone], capture_output=True, text=True, timeout=300)
-    assert built.returncode == 0, built.stderr
-    [wheel] = (tmp_path / "dist").glob("*.whl")
+    wheel = built_wheel(tmp_path)
     installed = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(installed)   # a wheel unpacked on the path is an installed distribution
     tests = tmp_path / "tests"

@@ -68,6 +68,23 @@ class _Frame:
         self.tracer: OpTracer | None = tracer   # records this call's own ops (capture --ops)
 
 
+class _Site:
+    """What every call of one module made from one place shares (its path, decoder layer, whether
+    the selection wants it, who describes its records): worked out on its first call, since the
+    hook runs for hundreds of module calls a forward."""
+
+    __slots__ = ("module", "path", "layer", "other_layer", "wanted", "described", "annotator", "graph_module",
+                 "names")
+
+    def __init__(self, module, path, layer, other_layer, wanted, described, annotator, graph_module):
+        self.module = weakref.ref(module)   # an id is reused once its module is gone
+        self.path, self.layer, self.other_layer, self.wanted = path, layer, other_layer, wanted
+        self.described = described   # what its records name as the module (a compiled module's original)
+        self.annotator = annotator
+        self.graph_module = graph_module   # a torch.fx GraphModule: maybe torch.compile's own graph
+        self.names: dict[tuple[str, str], str] = {}   # (role, sub) -> tensor name
+
+
 class _Seen:
     """A stored record of a tensor object, for the records of that object that may follow."""
 
@@ -111,7 +128,7 @@ class Capture:
         self._calls: dict[str, int] = {}         # per-step invocation counters by module path / name
         self._seq = itertools.count()
         self._paths = ModulePaths()
-        self._call_layers: dict[tuple, tuple[int | None, int | None]] = {}
+        self._sites: dict[tuple, _Site] = {}   # (id(module), where it was called from) -> its site
         self._local = threading.local()
         self._aliases: dict[int, _Seen] = {}
         self._rank: int | None = None
@@ -231,43 +248,42 @@ class Capture:
         parent = stack[-1] if stack else None
         if parent is not None and parent.compiled:
             return invoke(*args, **kwargs)  # inside compiled code (or its eager fallbacks): not recorded
-        if _compiler_graph(module):
+        site = self._site(module, parent)
+        if site.graph_module and _compiler_graph(module):
             self.note("torch.compile: compiled code ran; the modules it runs are not recorded "
                       "(capture without torch.compile to record them)")
             return invoke(*args, **kwargs)
         graph = self._graphs.capturing()  # a CUDA graph's capture: its replays are the steps
         if graph is None and self._graphs.unrecorded():
             return invoke(*args, **kwargs)
-        if graph is None and parent is None and not self._manual_steps and id(module) in self._top_level_done:
-            self.advance_step(manual=False)
-        path = self._paths.path_of(module, (parent.module, parent.path) if parent else None)
-        if parent is None and not self._rank_known:
-            self._rank = None  # torch.distributed may have started since the last outermost call
-        if parent is None and graph is None:
-            self._tokens_of_forward(module, args, kwargs)
-        if parent is None and self.batch_row is not None:
-            self._batch_size = _batch_size(args, kwargs)
-            if self._batch_size and self.batch_row >= self._batch_size:
-                raise TdiffError(f"--batch-row {self.batch_row} is outside the batch of {self._batch_size}")
-        if graph is not None and parent is None and graph.rows is None:
-            graph.rows = _batch_size(args, kwargs)
+        if parent is None:
+            if graph is None and not self._manual_steps and id(module) in self._top_level_done:
+                self.advance_step(manual=False)
+            if not self._rank_known:
+                self._rank = None  # torch.distributed may have started since the last outermost call
+            if graph is None:
+                self._tokens_of_forward(module, args, kwargs)
+            if self.batch_row is not None:
+                self._batch_size = _batch_size(args, kwargs)
+                if self._batch_size and self.batch_row >= self._batch_size:
+                    raise TdiffError(f"--batch-row {self.batch_row} is outside the batch of {self._batch_size}")
+            if graph is not None and graph.rows is None:
+                graph.rows = _batch_size(args, kwargs)
+        path = site.path
         calls = graph.calls if graph is not None else self._calls
         call = calls.get(path, 0)
         calls[path] = call + 1
         if self._graft is not None:
             args, kwargs = self._graft.inputs(path, self.step_index, call, self._current_rank(), args, kwargs)
-        layer, other_layer = self._layer_of_call(path, parent)
-        recording = ((graph is not None or self.selection.wants_step(self.step_index))
-                     and self.selection.wants(path, layer=other_layer) and not self.writer.failed)
+        recording = (site.wanted and (graph is not None or self.selection.wants_step(self.step_index))
+                     and not self.writer.failed)
         compiled = _compiled(module)
-        # a torch.compile wrapper's records are described (class, framework) by the model it wraps
-        described = getattr(module, "_orig_mod", module) if compiled else module
-        # a framework's annotator also describes the plain torch modules inside its models
-        annotator = annotating_framework(described, parent.annotator if parent else None)
-        where = (path, described, parent, len(stack), annotator, path, other_layer)
+        described = site.described if compiled else module
+        where = (path, described, parent, len(stack), site.annotator, path, site.other_layer)
         if recording:
             for sub, tensor in flatten_call_inputs(args, kwargs):
-                self._record(tensor, tensor_name(path, sub), sub, "input", call, where)
+                self._record(tensor, site.names.get(("input", sub)) or _name(site, "input", sub), sub,
+                             "input", call, where)
             self._summaries.launch()  # the inputs' summaries run before the module can change them
         tracer = None
         if recording and self._ops is not None and self._ops.wants(path) and graph is not None:
@@ -282,7 +298,7 @@ class Capture:
         if compiled:
             self.note(f"torch.compile: {tensor_name(path, '')} ran compiled: its inputs and outputs are "
                       "recorded, the modules inside it are not (capture without torch.compile to record them)")
-        stack.append(_Frame(module, path, call, annotator, layer, compiled, tracer))
+        stack.append(_Frame(module, path, call, site.annotator, site.layer, compiled, tracer))
         try:
             if tracer is None:
                 output = invoke(*args, **kwargs)
@@ -293,11 +309,30 @@ class Capture:
             stack.pop()
         if recording:
             for sub, tensor in flatten_tensors(output):
-                self._record(tensor, tensor_name(path, sub), sub, "output", call, where)
+                self._record(tensor, site.names.get(("output", sub)) or _name(site, "output", sub), sub,
+                             "output", call, where)
             self._summaries.launch()
         if not stack:
             (graph.top_level if graph is not None else self._top_level_done).add(id(module))
         return output
+
+    def _site(self, module, parent: _Frame | None) -> _Site:
+        """The site of this call: looked up, or worked out on the module's first call from here."""
+        key = (id(module), parent.path, parent.layer, parent.annotator) if parent else (id(module),)
+        site = self._sites.get(key)
+        if site is not None and site.module() is module:
+            return site
+        path = self._paths.path_of(module, (parent.module, parent.path) if parent else None)
+        layer, other_layer = self._layer_of_call(path, parent)
+        # a torch.compile wrapper's records are described (class, framework) by the model it wraps
+        described = getattr(module, "_orig_mod", module)
+        fx = sys.modules.get("torch.fx")
+        site = self._sites[key] = _Site(
+            module, path, layer, other_layer, self.selection.wants(path, layer=other_layer), described,
+            # a framework's annotator also describes the plain torch modules inside its models
+            annotating_framework(described, parent.annotator if parent else None),
+            fx is not None and isinstance(module, fx.GraphModule))
+        return site
 
     # ---- token metadata ----
     def tokens(self, **given) -> None:
@@ -367,15 +402,12 @@ class Capture:
             self._record(tensor, tensor_name(name, sub), sub, "explicit", call, where, attrs)
         self._summaries.launch()
 
-    def _layer_of_call(self, path: str, parent: _Frame | None) -> tuple[int | None, int | None]:
+    @staticmethod
+    def _layer_of_call(path: str, parent: _Frame | None) -> tuple[int | None, int | None]:
         """The decoder layer this call belongs to, and that layer again where the module path
         says another (a module shared by layers: recorded as ``Record.layer``), else None."""
-        key = (path, parent.path, parent.layer) if parent else (path, None, None)
-        found = self._call_layers.get(key)
-        if found is None:
-            layer = call_layer(*key)
-            found = self._call_layers[key] = (layer, layer if layer != layer_of(path) else None)
-        return found
+        layer = call_layer(path, parent.path, parent.layer) if parent else call_layer(path, None, None)
+        return layer, layer if layer != layer_of(path) else None
 
     # ---- recording one tensor ----
     def record_op(self, tensor: torch.Tensor, name: str, sub: str, call: int, where: tuple,
@@ -389,13 +421,15 @@ class Capture:
 
     def _record(self, tensor: torch.Tensor, name: str, sub: str, role: str, call: int,
                 where: tuple, explicit_attrs: dict | None = None, op: dict | None = None) -> int | None:
-        if tensor.device.type == "meta":
+        device = tensor.device
+        if device.type == "meta":
             return None
         module_path, module, parent, depth, annotator, counter, layer = where
         graph = self._graphs.capturing()
         seq = next(self._seq)
         original = tensor
-        tensor = tensor.detach()
+        if tensor.requires_grad:
+            tensor = tensor.detach()
         if self._batch_size and tensor.dim() and tensor.shape[0] == self._batch_size:
             tensor = tensor[self.batch_row:self.batch_row + 1]
         if tensor.is_quantized:
@@ -407,7 +441,7 @@ class Capture:
             seq=seq, name=name, module=module_path, role=role, step=self.step_index, call=call,
             rank=self._current_rank(), dtype=dtype_name(tensor.dtype), shape=tuple(tensor.shape),
             sub=sub, module_class=type(module).__name__ if module is not None else None,
-            parent=parent.path if parent else None, depth=depth, layer=layer, device=str(tensor.device),
+            parent=parent.path if parent else None, depth=depth, layer=layer, device=_device_name(device),
             alias_of=alias_of, op=op,
             attrs=(annotate(module, module_path, role, sub, tensor, annotator) if op is None else {})
             if module is not None else explicit_attrs or {})
@@ -426,7 +460,7 @@ class Capture:
         else:
             summary = self._summaries.summarize(tensor)
             self.writer.submit(Pending(record=record, summary=summary))
-            if tensor.device.type == "cpu":  # a host summary is complete at once: no wait
+            if device.type == "cpu":  # a host summary is complete at once: no wait
                 self._remember(original, seq, tensor, fingerprint=summary.resolve(record)[1])
         return seq
 
@@ -503,6 +537,21 @@ class Capture:
         self._forward_restore = restore
 
 
+_device_names: dict[torch.device, str] = {}
+
+
+def _device_name(device: torch.device) -> str:
+    name = _device_names.get(device)
+    if name is None:
+        name = _device_names[device] = str(device)
+    return name
+
+
+def _name(site: _Site, role: str, sub: str) -> str:
+    name = site.names[(role, sub)] = tensor_name(site.path, sub)
+    return name
+
+
 def _compiled(module) -> bool:
     """Whether the module runs as torch.compile'd code (``torch.compile(module)`` or
     ``module.compile()``)."""
@@ -521,7 +570,7 @@ def _compiler_graph(module) -> bool:
     fx = sys.modules.get("torch.fx")
     if fx is None or not isinstance(module, fx.GraphModule):
         return False
-    frame = sys._getframe(3)  # past this function, module_call and the __call__ hook
+    frame = sys._getframe(3)  # past this function, _module_call and _outside_ops
     for _ in range(8):
         if frame is None:
             return False
@@ -558,7 +607,7 @@ def _tdiff_module_call(self, *args, **kwargs):
     capture = active_capture()
     if capture is None:
         return _original_call(self, *args, **kwargs)
-    return capture.module_call(self, lambda *a, **k: _original_call(self, *a, **k), args, kwargs)
+    return capture.module_call(self, _original_call.__get__(self), args, kwargs)
 
 
 def _install_call_hook() -> None:

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+from triton import knobs
 
 from tdiff.store.fingerprint import MIX_INCREMENT, MIX_MULTIPLIER_1, MIX_MULTIPLIER_2
 
@@ -213,31 +214,67 @@ def group_summary_into(tensors: list[torch.Tensor], table: torch.Tensor, counter
     one launch: tensor ``i`` into ``table[slot + i]``, with counter ``counters[slot + i]``. Each
     tensor must pass :func:`fused_summary_supported`.
 
-    The kernel is compiled once per device and dtype; later launches go to the compiled kernel
-    directly, past the JIT's per-launch work (checking all 26 arguments against its
-    specialisations): its arguments are allocator-aligned buffers and integers it does not
-    specialise on, so the kernel compiled first fits every later launch."""
+    Stats mode launches this once or twice per module call, so a launch's host time is what
+    counts: the kernel is compiled once per device and dtype (its arguments are 64-bit addresses
+    and integers it does not specialise on, so the kernel compiled first fits every later launch),
+    later launches go to the compiled kernel directly, past the JIT's and the runner's per-launch
+    Python, and its partials live in a buffer kept per stream."""
     first = tensors[0]
     device = first.device
     blocks = sum(triton.cdiv(t.numel(), _BLOCK) for t in tensors)
-    partial_f = torch.empty(blocks * 4, dtype=_accumulator(first.dtype), device=device)
-    partial_i = torch.empty(blocks * 3, dtype=torch.int64, device=device)
     unused = GROUP - len(tensors)
     element = first.element_size()
-    args = (_dtype_witness(first), partial_f, partial_i, counters, table, table.view(torch.int64), slot,
-            *(t.data_ptr() for t in tensors), *([first.data_ptr()] * unused),
-            *(t.numel() for t in tensors), *([0] * unused), MIX_INCREMENT, MIX_MULTIPLIER_1, MIX_MULTIPLIER_2)
-    constants = {"ELEMENT_BYTES": element, "BLOCK": _BLOCK, "WORDS": _BLOCK * element // 8, "FOLD": _FOLD}
+    stream = _current_stream(device.index)
+    partial_f, partial_i = _partials(device, stream, _accumulator(first.dtype))
+    values = (slot, *(t.data_ptr() for t in tensors), *([first.data_ptr()] * unused),
+              *(t.numel() for t in tensors), *([0] * unused), MIX_INCREMENT, MIX_MULTIPLIER_1, MIX_MULTIPLIER_2)
+    constants = (element, _BLOCK, _BLOCK * element // 8, _FOLD)  # ELEMENT_BYTES, BLOCK, WORDS, FOLD
     key = (device, first.dtype)
-    compiled = _compiled_group_kernels.get(key)
-    if compiled is None:
-        _compiled_group_kernels[key] = _group_summary_kernel[(blocks,)](*args, **constants)
+    found = _compiled_group_kernels.get(key)
+    if found is None:  # the first launch compiles: the JIT learns each pointer's type from a tensor
+        compiled = _group_summary_kernel[(blocks,)](
+            _dtype_witness(first), partial_f, partial_i, counters, table, table.view(torch.int64), *values,
+            **dict(zip(("ELEMENT_BYTES", "BLOCK", "WORDS", "FOLD"), constants)))
+        _compiled_group_kernels[key] = (compiled, _launch_hooks_installed())
+        return
+    compiled, hooked = found
+    # later launches pass addresses as integers: the launcher then skips its per-pointer driver query
+    table_address = table.data_ptr()
+    args = (_dtype_witness(first).data_ptr(), partial_f.data_ptr(), partial_i.data_ptr(), counters.data_ptr(),
+            table_address, table_address, *values, *constants)
+    if hooked:  # a profiler's launch hooks want each launch's metadata: the runner computes it
+        compiled[(blocks, 1, 1)](*args)
     else:
-        compiled[(blocks, 1, 1)](*args, *constants.values())
+        compiled.run(blocks, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None, *args)
 
 
-_compiled_group_kernels: dict[tuple, Any] = {}  # triton.compiler.CompiledKernel
+def _launch_hooks_installed() -> bool:
+    """Whether a profiler hooks Triton's launches (a chain of hooks in recent Triton, one callable
+    in older ones). Read when the kernel is compiled, not at each launch, where reading Triton's knobs
+    costs more than the launch: a profiler attached later does not see tdiff's own summaries."""
+    hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
+    return any(hook is not None and bool(getattr(hook, "calls", True)) for hook in hooks)
+
+
+_compiled_group_kernels: dict[tuple, tuple[Any, bool]] = {}  # CompiledKernel, launch hooks installed
 _dtype_witnesses: dict[tuple, torch.Tensor] = {}
+_partial_buffers: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+_MAX_GROUP_BLOCKS = GROUP * triton.cdiv(GROUPED_MAX_ELEMENTS, _BLOCK)
+
+
+def _current_stream(device_index: int) -> int:
+    return torch._C._cuda_getCurrentRawStream(device_index)
+
+
+def _partials(device: torch.device, stream: int, accumulator: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The group kernel's partials on this stream: launches on one stream run one after the other
+    and may share them; launches on two streams may overlap and must not."""
+    key = (device, stream, accumulator)
+    found = _partial_buffers.get(key)
+    if found is None:
+        found = _partial_buffers[key] = (torch.empty(_MAX_GROUP_BLOCKS * 4, dtype=accumulator, device=device),
+                                         torch.empty(_MAX_GROUP_BLOCKS * 3, dtype=torch.int64, device=device))
+    return found
 
 
 def _dtype_witness(tensor: torch.Tensor) -> torch.Tensor:

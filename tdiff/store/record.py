@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 import re
 import types
 from typing import Any, Union, get_args, get_origin, get_type_hints
@@ -58,11 +59,18 @@ class Record:
         """What identifies the same tensor in two runs of the same program."""
         return (self.name, self.step, self.call, self.role, self.rank)
 
+    def with_contents(self, stats: dict | None, fingerprint: str | None, file: str | None = None,
+                      key: str | None = None) -> Record:
+        """This record with what the writer learnt of its bytes: ``dataclasses.replace`` without
+        its per-field work, since the writer calls it for every record."""
+        values = list(_ALL_VALUES(self))
+        values[_STATS_AT:_STATS_AT + 4] = stats, fingerprint, file, key
+        return Record(*values)
+
     def to_json(self) -> dict:
         """The record as stored: optional fields at their default value are left out."""
         out = {}
-        for name, optional, default in _STORED_FIELDS:
-            value = getattr(self, name)
+        for (name, optional, default), value in zip(_STORED_FIELDS, _STORED_VALUES(self)):
             if optional and value == default:
                 continue
             out[name] = list(value) if isinstance(value, tuple) else value
@@ -141,3 +149,7 @@ _HINTS = get_type_hints(Record)
 _SCHEMA = {f.name: (_json_type(_HINTS[f.name]), _optional(f)) for f in _STORED}
 # (name, may be left out, default) of each stored field, computed once: to_json runs per record
 _STORED_FIELDS = tuple((f.name, _optional(f), _default(f) if _optional(f) else None) for f in _STORED)
+# every field's value in one call (the writer reads them for every record)
+_ALL_VALUES = operator.attrgetter(*(f.name for f in dataclasses.fields(Record)))
+_STORED_VALUES = operator.attrgetter(*(name for name, _, _ in _STORED_FIELDS))
+_STATS_AT = [f.name for f in dataclasses.fields(Record)].index("stats")  # then fingerprint, file, key

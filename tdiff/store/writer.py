@@ -14,7 +14,6 @@ once on stderr, drops what it holds, lets the model run on, and ends the manifes
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import queue
 from concurrent.futures import Future
@@ -174,18 +173,16 @@ class DumpWriter:
             item.ready.synchronize()
         if record.alias_of is not None:
             original = self._stored[record.alias_of]
-            record = dataclasses.replace(record, stats=original.stats, fingerprint=original.fingerprint,
-                                         file=original.file, key=original.key)
+            record = record.with_contents(original.stats, original.fingerprint, original.file, original.key)
         elif data is not None:
             key = f"t{record.seq}"
             stats = item.summary.resolve(record)[0] if item.summary is not None else stats_dict(host_stats(data))
-            record = dataclasses.replace(record, stats=stats, fingerprint=xxh3_fingerprint(data),
-                                         file=self._shard_name(), key=key)
+            record = record.with_contents(stats, xxh3_fingerprint(data), self._shard_name(), key)
             self._shard[key] = data
             self._shard_bytes += item.nbytes
         else:
             stats, fingerprint = item.summary.resolve(record)
-            record = dataclasses.replace(record, stats=stats, fingerprint=fingerprint)
+            record = record.with_contents(stats, fingerprint)
         self._stored[record.seq] = record
         self._records.append(record)
         if self._shard_bytes >= self.shard_limit or len(self._records) >= _RECORDS_PER_FLUSH:

@@ -182,8 +182,6 @@ def bits_of(t: torch.Tensor) -> torch.Tensor:
     return to_bytes_view(t).view(_SAME_SIZE_INT[t.element_size()])
 
 
-def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(bits_of(a).numpy(), bits_of(b).numpy())
 
 
 def ordered_bits(values: torch.Tensor) -> torch.Tensor:
@@ -209,12 +207,14 @@ def compare_tensors(a: torch.Tensor, b: torch.Tensor, tolerance: Tolerance = EXA
         b = torch.view_as_real(b.to(torch.complex64) if b.dtype == torch.complex32 else b)
     if a.shape != b.shape:
         raise ValueError(f"shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}")
-    if bitwise_equal(a, b):
+    a_flat, b_flat = a.reshape(-1), b.reshape(-1)
+    chunks = [(start, a_flat[start:start + CHUNK_ELEMENTS], b_flat[start:start + CHUNK_ELEMENTS])
+              for start in range(0, a_flat.numel(), CHUNK_ELEMENTS)]
+    if a.dtype == b.dtype and not any(_bits_differ(x, y) for _, x, y in chunks):
         return TensorMetrics(numel=a.numel(), bitwise_equal=True)
     acc = _Accumulator(a.dtype, b.dtype, tolerance)
-    a_flat, b_flat = a.reshape(-1), b.reshape(-1)
-    for start in range(0, a_flat.numel(), CHUNK_ELEMENTS):
-        acc.add(a_flat[start:start + CHUNK_ELEMENTS], b_flat[start:start + CHUNK_ELEMENTS], start)
+    for start, x, y in chunks:
+        acc.add(x, y, start)
     return acc.result(tuple(a.shape))
 
 
@@ -240,6 +240,12 @@ _workspace = _Workspace()
 
 def _bits(t: torch.Tensor) -> np.ndarray:
     return bits_of(t).numpy()
+
+
+def _bits_differ(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two chunks of one dtype differ in any bit (stops the scan at the first differing
+    chunk, without a tensor-sized temporary)."""
+    return bool(np.not_equal(_bits(a), _bits(b), out=_workspace.array("differs", bool, a.numel())).any())
 
 
 def _values(t: torch.Tensor, wide: bool, name: str) -> np.ndarray | None:
@@ -271,7 +277,7 @@ def _max_ulp(bits_a: np.ndarray, bits_b: np.ndarray) -> int:
         return 0
     scratch = _workspace.array("ulp", bits_a.dtype, bits_a.size)
     np.bitwise_xor(bits_a, bits_b, out=scratch)
-    if not (scratch < 0).any():  # same signs everywhere: the magnitudes' difference fits
+    if scratch.min() >= 0:  # same signs everywhere: the magnitudes' difference fits
         np.subtract(bits_a, bits_b, out=scratch)
         return int(np.abs(scratch, out=scratch).max())
     opposite = scratch < 0
@@ -320,15 +326,14 @@ class _Accumulator:
             return
         # NaN is masked out of av and bv below; integers keep their own values (see beyond_tolerance)
         a_values, b_values = (a.numpy(), b.numpy()) if self.int_ulp else (av, bv)
-        self.magnitude = max(self.magnitude, _max_magnitude(av))
         if n_differs == 0:
+            self.magnitude = max(self.magnitude, _max_magnitude(av))
             square = float(np.dot(av, av))
             self.norm_a += square
             self.norm_b += square
             self.valid += a.numel()
             return
         self.mismatched += n_differs
-        self.magnitude = max(self.magnitude, _max_magnitude(bv))
         n = a.numel()
         diff = _workspace.array("diff", av.dtype, n)
         if self.int_ulp:
@@ -340,6 +345,7 @@ class _Accumulator:
         total = float(diff.sum(dtype=np.float64))
         valid = one_nan = None
         if not math.isfinite(total):  # NaN or inf somewhere: mask them (the rare, slower path)
+            self.magnitude = max(self.magnitude, _max_magnitude(av), _max_magnitude(bv))
             nan_a, nan_b = np.isnan(av), np.isnan(bv)
             valid = ~(nan_a | nan_b)
             one_nan = nan_a ^ nan_b
@@ -363,6 +369,8 @@ class _Accumulator:
         self.max_abs = max(self.max_abs, largest)
         scale = _workspace.array("scale", av.dtype, n)   # max(|a|, |b|): symmetric in a and b
         np.maximum(np.abs(av, out=scale), np.abs(bv, out=_workspace.array("magnitude", av.dtype, n)), out=scale)
+        if valid is None:  # every element finite: the largest of max(|a|, |b|) is the largest magnitude
+            self.magnitude = max(self.magnitude, float(scale.max()))
         if self.tolerance.exact:
             self.outside += n_differs
         else:

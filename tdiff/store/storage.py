@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 import struct
 import uuid
@@ -59,16 +60,15 @@ MAX_SAFETENSORS_HEADER = 100_000_000   # safetensors' own limit
 
 @dataclass(frozen=True)
 class _Entry:
-    dtype: str
-    shape: tuple[int, ...]
-    begin: int
+    begin: int   # [begin, end) in the data after the header
     end: int
 
 
 class _SafetensorsShard:
-    """A safetensors shard's header, read once; every tensor is read with its own pread into
-    memory of its own. Memory-mapping the shard costs a header parse and a map per read, and a
-    map kept open would hold every page read so far resident."""
+    """A safetensors shard's header, read once; every tensor is a map of its own bytes, which
+    lives as long as the tensor. (Opening the shard with safetensors for each read cost a header
+    parse per tensor; one map of the whole shard, kept open, would hold every page read so far
+    resident; reading into fresh memory costs a copy and its page faults.)"""
 
     def __init__(self, path: Path, index: tuple[int, dict[str, _Entry]]):
         self._path = path
@@ -80,27 +80,22 @@ class _SafetensorsShard:
         entry = self._entries.get(key)
         if entry is None:
             raise DumpError(f"{self._path}: tensor {key!r} is missing from its shard")
-        dtype = SAFETENSORS_DTYPES[entry.dtype]
-        if math.prod(entry.shape) * dtype.itemsize != nbytes:
-            raise DumpError(f"{self._path}: tensor {key!r} declares {math.prod(entry.shape) * dtype.itemsize} "
-                            f"bytes, its record says {nbytes}: the shard is corrupted")
-        data = torch.empty(nbytes, dtype=torch.uint8)
+        if entry.end - entry.begin != nbytes:
+            raise DumpError(f"{self._path}: tensor {key!r} declares {entry.end - entry.begin} bytes, its record "
+                            f"says {nbytes}: the shard is corrupted")
+        if nbytes == 0:
+            return torch.empty(0, dtype=torch.uint8)
+        start = self._data_start + entry.begin
+        mapped_from = start - start % mmap.ALLOCATIONGRANULARITY
         with open_regular(self._path, "tensor file") as file:
-            _pread_exactly(file.fileno(), data.numpy(), self._data_start + entry.begin, self._path)
-        return data
-
-
-def _pread_exactly(fd: int, out, offset: int, path: Path) -> None:
-    view = memoryview(out)
-    while view.nbytes:
-        try:
-            count = os.preadv(fd, [view], offset)
-        except OSError as exc:
-            raise DumpError(f"{path}: cannot read tensor shard ({exc.strerror}); "
-                            "the file is truncated or corrupted") from None
-        if count == 0:
-            raise DumpError(f"{path}: cannot read tensor shard (it ends early); the file is truncated or corrupted")
-        view, offset = view[count:], offset + count
+            try:
+                mapped = mmap.mmap(file.fileno(), start + nbytes - mapped_from, access=mmap.ACCESS_COPY,
+                                   offset=mapped_from)
+            except (OSError, ValueError) as exc:
+                raise DumpError(f"{self._path}: cannot read tensor {key!r} ({_first_line(exc)}); "
+                                "the file is truncated or corrupted") from None
+        # the tensor keeps the map alive and the map ends with it; copy-on-write, so writable
+        return torch.frombuffer(mapped, dtype=torch.uint8, count=nbytes, offset=start - mapped_from)
 
 
 def _read_safetensors_index(path: Path) -> tuple[int, dict[str, _Entry]]:
@@ -148,14 +143,15 @@ def _entry(value) -> _Entry | None:
     if not isinstance(value, dict):
         return None
     dtype, shape, offsets = value.get("dtype"), value.get("shape"), value.get("data_offsets")
-    if dtype not in SAFETENSORS_DTYPES or not isinstance(shape, list) or not isinstance(offsets, list):
+    if not isinstance(dtype, str) or dtype not in SAFETENSORS_DTYPES or not isinstance(shape, list) \
+            or not isinstance(offsets, list):
         return None
     if not all(type(n) is int and n >= 0 for n in [*shape, *offsets]) or len(offsets) != 2:
         return None
     begin, end = offsets
     if end - begin != math.prod(shape) * SAFETENSORS_DTYPES[dtype].itemsize:
         return None
-    return _Entry(dtype, tuple(shape), begin, end)
+    return _Entry(begin, end)
 
 
 class H5Storage:

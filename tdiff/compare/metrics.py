@@ -207,14 +207,16 @@ def compare_tensors(a: torch.Tensor, b: torch.Tensor, tolerance: Tolerance = EXA
         b = torch.view_as_real(b.to(torch.complex64) if b.dtype == torch.complex32 else b)
     if a.shape != b.shape:
         raise ValueError(f"shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}")
-    a_flat, b_flat = a.reshape(-1), b.reshape(-1)
-    chunks = [(start, a_flat[start:start + CHUNK_ELEMENTS], b_flat[start:start + CHUNK_ELEMENTS])
-              for start in range(0, a_flat.numel(), CHUNK_ELEMENTS)]
-    if a.dtype == b.dtype and not any(_bits_differ(x, y) for _, x, y in chunks):
-        return TensorMetrics(numel=a.numel(), bitwise_equal=True)
     acc = _Accumulator(a.dtype, b.dtype, tolerance)
-    for start, x, y in chunks:
-        acc.add(x, y, start)
+    a_flat, b_flat = a.reshape(-1), b.reshape(-1)
+    # one dtype: the bit patterns compare (views of the whole tensors, sliced chunk by chunk)
+    bits = (_bits(a_flat), _bits(b_flat)) if acc.same_dtype else None
+    for start in range(0, a_flat.numel(), CHUNK_ELEMENTS):
+        end = start + CHUNK_ELEMENTS
+        acc.add(a_flat[start:end], b_flat[start:end], start,
+                (bits[0][start:end], bits[1][start:end]) if bits is not None else None)
+    if acc.same_dtype and acc.mismatched == 0:
+        return TensorMetrics(numel=a.numel(), bitwise_equal=True)
     return acc.result(tuple(a.shape))
 
 
@@ -240,12 +242,6 @@ _workspace = _Workspace()
 
 def _bits(t: torch.Tensor) -> np.ndarray:
     return bits_of(t).numpy()
-
-
-def _bits_differ(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two chunks of one dtype differ in any bit (stops the scan at the first differing
-    chunk, without a tensor-sized temporary)."""
-    return bool(np.not_equal(_bits(a), _bits(b), out=_workspace.array("differs", bool, a.numel())).any())
 
 
 def _values(t: torch.Tensor, wide: bool, name: str) -> np.ndarray | None:
@@ -298,8 +294,7 @@ def _max_ulp(bits_a: np.ndarray, bits_b: np.ndarray, flipped: np.ndarray) -> int
 
 
 class _Accumulator:
-    """Folds chunk after chunk into one :class:`TensorMetrics`, with numpy (vectorised, and it
-    releases the GIL, so two threads compare two pairs at once)."""
+    """Folds chunk after chunk into one :class:`TensorMetrics`, with numpy (vectorised)."""
 
     def __init__(self, dtype_a: torch.dtype, dtype_b: torch.dtype, tolerance: Tolerance):
         self.dtype = dtype_a
@@ -316,9 +311,10 @@ class _Accumulator:
         self.norm_a = self.norm_b = self.diff_sq = 0.0   # for the cosine
         self.worst: tuple[float, int, float, float] | None = None  # (abs diff, index, a, b)
 
-    def add(self, a: torch.Tensor, b: torch.Tensor, offset: int) -> None:
+    def add(self, a: torch.Tensor, b: torch.Tensor, offset: int, bits: tuple[np.ndarray, np.ndarray] | None) -> None:
+        """Fold in the chunks ``a`` and ``b`` starting at element ``offset``, with their bit
+        patterns when they have one dtype."""
         self.numel += a.numel()
-        bits = (_bits(a), _bits(b)) if self.same_dtype else None   # one dtype: its bit patterns compare
         flipped = None   # the XOR of the bit patterns: nonzero where they differ, negative where the signs do
         if bits is not None:
             flipped = np.bitwise_xor(*bits, out=_workspace.array("flipped", bits[0].dtype, a.numel()))

@@ -135,9 +135,8 @@ def compare_dumps(a: Dump, b: Dump, options: CompareOptions | None = None, *,
         raise TdiffError(_nothing_to_compare(options, names))
     comparator = PairComparator(a, b, options.tolerance)
     comparisons = []
-    # one pair at a time, in this thread: a second thread measured no faster on 2 cores (the
-    # hashing holds the GIL, and handing it over at every numpy call of two threads cost more
-    # CPU than it overlapped), and memory stays that of the largest pair
+    # one pair at a time, in this thread: two threads measured slower (the hashing holds the GIL;
+    # docs/PERFORMANCE.md section 2), and memory stays that of the largest pair
     for done, pair in enumerate(pairs, 1):
         comparisons.append(comparator.compare(pair))
         if progress is not None:

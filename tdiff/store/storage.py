@@ -105,14 +105,17 @@ def _read_safetensors_index(path: Path) -> tuple[int, dict[str, _Entry]]:
         return DumpError(f"{path}: cannot open tensor shard ({why}); the file is truncated or corrupted")
 
     with open_regular(path, "tensor file") as file:
-        size = os.fstat(file.fileno()).st_size
-        head = file.read(8)
-        if len(head) < 8:
-            raise corrupted("no header")
-        (length,) = struct.unpack("<Q", head)
-        if length > min(MAX_SAFETENSORS_HEADER, size - 8):
-            raise corrupted(f"header of {length} bytes in a file of {size}")
-        raw = file.read(length)
+        try:
+            size = os.fstat(file.fileno()).st_size
+            head = file.read(8)
+            if len(head) < 8:
+                raise corrupted("no header")
+            (length,) = struct.unpack("<Q", head)
+            if length > min(MAX_SAFETENSORS_HEADER, size - 8):
+                raise corrupted(f"header of {length} bytes in a file of {size}")
+            raw = file.read(length)
+        except OSError as exc:
+            raise corrupted(exc.strerror or str(exc)) from None
     try:
         header = json.loads(raw)
     except (UnicodeDecodeError, ValueError, RecursionError):

@@ -8,8 +8,9 @@ change in layer 0's input norm weight, so nearly every tensor differs and every 
 
 Printed: the whole `tdiff compare` process's wall time against SGLang's comparator's
 (`python -m sglang.srt.debug_utils.comparator`, with the CPU import shims it needs here), the
-in-process throughput of tdiff's comparison (dump bytes / s), and tdiff's peak RSS against
-3 x the largest tensor + 300 MB. --large repeats the tdiff measurements on a dump pair of >= 4 GB.
+in-process throughput of tdiff's comparison (dump bytes / s, against issue 18's 2 GB/s on both
+pairs), and tdiff's peak RSS against 3 x the largest tensor + 300 MB. --large repeats the tdiff
+measurements on a dump pair of >= 4 GB.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 from _common import REPO, dir_bytes, fresh_dir, input_ids, machine, median, qwen2_model, timed
 
 TARGET_WALL_SHARE = 1 / 5
-TARGET_GBPS = 1.0
+TARGET_GBPS = 2.0   # issue 18, on both pairs
 
 MEASURE = """
 import resource, subprocess, sys, time
@@ -115,8 +116,8 @@ def report_tdiff(a: Path, b: Path, rounds: int, label: str) -> dict:
     print(f"{label}: dump pair {size:.2f} GB")
     print(f"  tdiff compare process        {median(walls):7.2f} s wall, peak RSS {rss:7.0f} MB "
           f"(limit 3 x largest tensor + 300 MB = {limit:.0f} MB: {'met' if rss <= limit else 'MISSED'})")
-    print(f"  in-process comparison        {seconds:7.2f} s = {gbps:.2f} GB/s "
-          f"(target >= {TARGET_GBPS} GB/s: {'met' if gbps >= TARGET_GBPS else 'MISSED'})")
+    print(f"  in-process comparison        {seconds:7.3f} s = {gbps:.2f} GB/s "
+          f"(target >= {TARGET_GBPS} GB/s: {gbps / TARGET_GBPS:.2f} of it, {'met' if gbps >= TARGET_GBPS else 'MISSED'})")
     return {"wall": median(walls), "rss": rss, "gbps": gbps}
 
 
@@ -151,6 +152,7 @@ def main(argv=None) -> None:
     print(f"sglang format: dump pair {sglang_size:.2f} GB")
     print(f"  sglang comparator process    {sglang_wall:7.2f} s wall, peak RSS {rss:7.0f} MB")
     share = ours["wall"] / sglang_wall
+    summary = {"tdiff_wall": ours["wall"], "sglang_wall": sglang_wall, "gbps": ours["gbps"]}
     print(f"\ntarget: tdiff compare wall <= 1/5 of sglang comparator's: {ours['wall']:.2f} / {sglang_wall:.2f} "
           f"= {share:.3f}  {'met' if share <= TARGET_WALL_SHARE else 'MISSED'}")
     if args.large:
@@ -158,8 +160,9 @@ def main(argv=None) -> None:
         capture_tdiff(model_a, big, work / "tdiff-big-a")
         capture_tdiff(model_b, big, work / "tdiff-big-b")
         print()
-        report_tdiff(work / "tdiff-big-a", work / "tdiff-big-b", 1, f"large, {args.large_tokens} tokens")
-    print(json.dumps({"tdiff_wall": ours["wall"], "sglang_wall": sglang_wall, "gbps": ours["gbps"]}))
+        large = report_tdiff(work / "tdiff-big-a", work / "tdiff-big-b", args.rounds, f"large, {args.large_tokens} tokens")
+        summary["large_gbps"] = large["gbps"]
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":

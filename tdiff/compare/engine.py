@@ -7,11 +7,7 @@ once measured. A tensor stored once for several records (aliases) is measured on
 from __future__ import annotations
 
 import math
-import os
-import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -21,7 +17,6 @@ from tdiff.compare.result import CompareResult, DumpSide, TensorVerdict, status_
 from tdiff.compare.tokens import TokenVerdict, token_verdict
 from tdiff.errors import TdiffError
 from tdiff.store import Dump, Record
-from tdiff.store.dtypes import torch_dtype
 from tdiff.store.fingerprint import fingerprint_algorithm, fingerprint_as
 from tdiff.vocab.kinds import record_kind
 from tdiff.vocab.paths import layer_of, record_layer
@@ -139,48 +134,15 @@ def compare_dumps(a: Dump, b: Dump, options: CompareOptions | None = None, *,
     if not pairs:
         raise TdiffError(_nothing_to_compare(options, names))
     comparator = PairComparator(a, b, options.tolerance)
-    budget = _MemoryBudget(max(_pair_bytes(p) for p in pairs))
     comparisons = []
-
-    def compare(pair: Pair) -> Comparison:
-        with budget.hold(_pair_bytes(pair)):
-            return comparator.compare(pair)
-
-    # numpy and the shard readers release the GIL: one thread per core compares pairs side by side
-    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
-        for done, comparison in enumerate(pool.map(compare, pairs), 1):
-            comparisons.append(comparison)
-            if progress is not None:
-                progress(done, len(pairs))
+    # one pair at a time, in this thread: two threads measured slower (the hashing holds the GIL;
+    # docs/PERFORMANCE.md section 2), and memory stays that of the largest pair
+    for done, pair in enumerate(pairs, 1):
+        comparisons.append(comparator.compare(pair))
+        if progress is not None:
+            progress(done, len(pairs))
     return CompareReport(a, b, options, comparisons, pairing, getattr(pairing, "alignment", None),
                          left_out=len(paired) - len(pairs))
-
-
-def _pair_bytes(pair: Pair) -> int:
-    return sum(r.numel * torch_dtype(r.dtype).itemsize for side in (pair.a, pair.b) if side
-               for r in side.records)
-
-
-class _MemoryBudget:
-    """Pairs run side by side only while their tensors fit in the largest pair's size, so peak
-    memory stays that of comparing the largest pair alone."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.held = 0
-        self._changed = threading.Condition()
-
-    @contextmanager
-    def hold(self, nbytes: int):
-        with self._changed:
-            self._changed.wait_for(lambda: self.held == 0 or self.held + nbytes <= self.limit)
-            self.held += nbytes
-        try:
-            yield
-        finally:
-            with self._changed:
-                self.held -= nbytes
-                self._changed.notify_all()
 
 
 def pair_layer(name: str, kind: str | None, record: Record) -> int | None:

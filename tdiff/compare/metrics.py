@@ -182,8 +182,6 @@ def bits_of(t: torch.Tensor) -> torch.Tensor:
     return to_bytes_view(t).view(_SAME_SIZE_INT[t.element_size()])
 
 
-def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(bits_of(a).numpy(), bits_of(b).numpy())
 
 
 def ordered_bits(values: torch.Tensor) -> torch.Tensor:
@@ -209,12 +207,16 @@ def compare_tensors(a: torch.Tensor, b: torch.Tensor, tolerance: Tolerance = EXA
         b = torch.view_as_real(b.to(torch.complex64) if b.dtype == torch.complex32 else b)
     if a.shape != b.shape:
         raise ValueError(f"shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}")
-    if bitwise_equal(a, b):
-        return TensorMetrics(numel=a.numel(), bitwise_equal=True)
     acc = _Accumulator(a.dtype, b.dtype, tolerance)
     a_flat, b_flat = a.reshape(-1), b.reshape(-1)
+    # one dtype: the bit patterns compare (views of the whole tensors, sliced chunk by chunk)
+    bits = (_bits(a_flat), _bits(b_flat)) if acc.same_dtype else None
     for start in range(0, a_flat.numel(), CHUNK_ELEMENTS):
-        acc.add(a_flat[start:start + CHUNK_ELEMENTS], b_flat[start:start + CHUNK_ELEMENTS], start)
+        end = start + CHUNK_ELEMENTS
+        acc.add(a_flat[start:end], b_flat[start:end], start,
+                (bits[0][start:end], bits[1][start:end]) if bits is not None else None)
+    if acc.same_dtype and acc.mismatched == 0:
+        return TensorMetrics(numel=a.numel(), bitwise_equal=True)
     return acc.result(tuple(a.shape))
 
 
@@ -254,6 +256,11 @@ def _values(t: torch.Tensor, wide: bool, name: str) -> np.ndarray | None:
         return None  # bit-container dtypes (bits8, uint4 ...) have no numeric value
 
 
+def _differs(flipped: np.ndarray | None, n: int) -> np.ndarray:
+    """Where two chunks differ: where their bits do, or everywhere when their dtypes differ."""
+    return flipped != 0 if flipped is not None else np.ones(n, dtype=bool)
+
+
 def _max_magnitude(values: np.ndarray) -> float:
     """max |x| over the finite elements."""
     if values.size == 0:
@@ -265,16 +272,16 @@ def _max_magnitude(values: np.ndarray) -> float:
     return float(np.abs(finite).max()) if finite.size else 0.0
 
 
-def _max_ulp(bits_a: np.ndarray, bits_b: np.ndarray) -> int:
-    """Largest ULP distance between float bit patterns of one width (no NaN among them)."""
+def _max_ulp(bits_a: np.ndarray, bits_b: np.ndarray, flipped: np.ndarray) -> int:
+    """Largest ULP distance between float bit patterns of one width (no NaN among them), given
+    their XOR ``flipped``."""
     if bits_a.size == 0:
         return 0
     scratch = _workspace.array("ulp", bits_a.dtype, bits_a.size)
-    np.bitwise_xor(bits_a, bits_b, out=scratch)
-    if not (scratch < 0).any():  # same signs everywhere: the magnitudes' difference fits
+    if flipped.min() >= 0:  # same signs everywhere: the magnitudes' difference fits
         np.subtract(bits_a, bits_b, out=scratch)
         return int(np.abs(scratch, out=scratch).max())
-    opposite = scratch < 0
+    opposite = flipped < 0
     np.subtract(bits_a, bits_b, out=scratch)
     np.abs(scratch, out=scratch)
     scratch[opposite] = 0  # those wrapped; they are measured below
@@ -287,8 +294,7 @@ def _max_ulp(bits_a: np.ndarray, bits_b: np.ndarray) -> int:
 
 
 class _Accumulator:
-    """Folds chunk after chunk into one :class:`TensorMetrics`, with numpy (vectorised, and it
-    releases the GIL, so two threads compare two pairs at once)."""
+    """Folds chunk after chunk into one :class:`TensorMetrics`, with numpy (vectorised)."""
 
     def __init__(self, dtype_a: torch.dtype, dtype_b: torch.dtype, tolerance: Tolerance):
         self.dtype = dtype_a
@@ -305,30 +311,30 @@ class _Accumulator:
         self.norm_a = self.norm_b = self.diff_sq = 0.0   # for the cosine
         self.worst: tuple[float, int, float, float] | None = None  # (abs diff, index, a, b)
 
-    def add(self, a: torch.Tensor, b: torch.Tensor, offset: int) -> None:
+    def add(self, a: torch.Tensor, b: torch.Tensor, offset: int, bits: tuple[np.ndarray, np.ndarray] | None) -> None:
+        """Fold in the chunks ``a`` and ``b`` starting at element ``offset``, with their bit
+        patterns when they have one dtype."""
         self.numel += a.numel()
-        bits = (_bits(a), _bits(b)) if self.same_dtype else None   # one dtype: its bit patterns compare
+        flipped = None   # the XOR of the bit patterns: nonzero where they differ, negative where the signs do
         if bits is not None:
-            differs = np.not_equal(*bits, out=_workspace.array("differs", bool, a.numel()))
-            n_differs = int(np.count_nonzero(differs))
+            flipped = np.bitwise_xor(*bits, out=_workspace.array("flipped", bits[0].dtype, a.numel()))
+            n_differs = int(np.count_nonzero(flipped))
         else:
-            differs = np.ones(a.numel(), dtype=bool)
             n_differs = a.numel()
         av, bv = _values(a, self.wide, "a"), _values(b, self.wide, "b")
         if av is None or bv is None:
-            self._add_bits_only(differs, n_differs, offset)
+            self._add_bits_only(_differs(flipped, a.numel()), n_differs, offset)
             return
         # NaN is masked out of av and bv below; integers keep their own values (see beyond_tolerance)
         a_values, b_values = (a.numpy(), b.numpy()) if self.int_ulp else (av, bv)
-        self.magnitude = max(self.magnitude, _max_magnitude(av))
         if n_differs == 0:
+            self.magnitude = max(self.magnitude, _max_magnitude(av))
             square = float(np.dot(av, av))
             self.norm_a += square
             self.norm_b += square
             self.valid += a.numel()
             return
         self.mismatched += n_differs
-        self.magnitude = max(self.magnitude, _max_magnitude(bv))
         n = a.numel()
         diff = _workspace.array("diff", av.dtype, n)
         if self.int_ulp:
@@ -340,11 +346,12 @@ class _Accumulator:
         total = float(diff.sum(dtype=np.float64))
         valid = one_nan = None
         if not math.isfinite(total):  # NaN or inf somewhere: mask them (the rare, slower path)
+            self.magnitude = max(self.magnitude, _max_magnitude(av), _max_magnitude(bv))
             nan_a, nan_b = np.isnan(av), np.isnan(bv)
             valid = ~(nan_a | nan_b)
             one_nan = nan_a ^ nan_b
             self.nan_mismatch += int(np.count_nonzero(one_nan))
-            self.nan_mismatch += int(np.count_nonzero(nan_a & nan_b & differs))
+            self.nan_mismatch += int(np.count_nonzero(nan_a & nan_b & _differs(flipped, n)))
             diff[~valid | (np.isinf(av) & (av == bv))] = 0.0
             av, bv = np.where(valid, av, 0), np.where(valid, bv, 0)
             total = float(diff.sum(dtype=np.float64))
@@ -357,27 +364,31 @@ class _Accumulator:
         index = int(diff.argmax())
         largest = float(diff[index])
         if largest == 0.0:  # only signed zeros or NaN payloads differ here
-            index = int(np.flatnonzero(differs)[0])
+            index = int(np.flatnonzero(_differs(flipped, n))[0])
         if self.worst is None or largest > self.worst[0]:
             self.worst = (largest, offset + index, float(av[index]), float(bv[index]))
         self.max_abs = max(self.max_abs, largest)
         scale = _workspace.array("scale", av.dtype, n)   # max(|a|, |b|): symmetric in a and b
         np.maximum(np.abs(av, out=scale), np.abs(bv, out=_workspace.array("magnitude", av.dtype, n)), out=scale)
+        if valid is None:  # every element finite: the largest of max(|a|, |b|) is the largest magnitude
+            self.magnitude = max(self.magnitude, float(scale.max()))
         if self.tolerance.exact:
             self.outside += n_differs
         else:
             self.outside += int(np.count_nonzero(beyond_tolerance(a_values, b_values, self.tolerance)))
-        np.maximum(scale, np.finfo(scale.dtype).tiny, out=scale)
+        tiny = np.finfo(scale.dtype).tiny
+        if scale.min() < tiny:  # a check, as numpy's maximum against a scalar is three times slower than a min
+            np.maximum(scale, tiny, out=scale)
         with np.errstate(invalid="ignore"):
             np.divide(diff, scale, out=scale)
         self.max_rel = max(self.max_rel, float(np.nanmax(scale) if valid is not None else scale.max()))
-        if self.float_ulp and bits is not None:   # float_ulp implies one dtype, so bits
+        if self.float_ulp and bits is not None and flipped is not None:   # float_ulp implies one dtype
             bits_a, bits_b = bits
             if valid is None:
-                self.max_ulp = max(self.max_ulp, _max_ulp(bits_a, bits_b))
+                self.max_ulp = max(self.max_ulp, _max_ulp(bits_a, bits_b, flipped))
             else:
-                counted = differs & valid
-                self.max_ulp = max(self.max_ulp, _max_ulp(bits_a[counted], bits_b[counted]))
+                counted = (flipped != 0) & valid
+                self.max_ulp = max(self.max_ulp, _max_ulp(bits_a[counted], bits_b[counted], flipped[counted]))
         elif self.int_ulp:
             self.max_ulp = max(self.max_ulp, int(largest))
 

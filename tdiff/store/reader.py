@@ -3,7 +3,7 @@
 Examples:
     >>> dump = open_dump("dumps/a")
     >>> record = dump.records[0]
-    >>> dump.load(record).shape         # read from a memory-mapped shard, one tensor at a time
+    >>> dump.load(record).shape         # read from its shard, one tensor at a time
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class Dump:
         self.records = records   # module inputs and outputs, explicit dumps: what is compared
         self.ops = ops or []     # op records (capture --ops), in execution order; bisect descends into them
         self.problems = problems
+        self._shards: dict = {}  # file name -> its opened shard
 
     def is_same_dump(self, other: Dump) -> bool:
         """Whether ``other`` is this dump's directory opened again (a match by construction)."""
@@ -95,11 +96,14 @@ class Dump:
         return tensor
 
     def _shard(self, file: str):
-        """Open the shard for one read. Not cached: a kept memory map would hold every page read
-        so far resident, and peak memory must stay a small multiple of one tensor."""
-        path = self.path / DATA_DIR / file
-        check_regular(path, "tensor file")
-        return storage_for_file(path).open(path)
+        """The shard, its header read once (a shard holds no open file or memory map between
+        reads, so memory stays that of the tensors being compared)."""
+        shard = self._shards.get(file)
+        if shard is None:
+            path = self.path / DATA_DIR / file
+            check_regular(path, "tensor file")
+            shard = self._shards[file] = storage_for_file(path).open(path)
+        return shard
 
 
 def open_dump(path: str | Path, *, allow_incomplete: bool = False) -> Dump:

@@ -1,4 +1,4 @@
-"""Tensor shard files: safetensors (default, memory-mapped on read) or HDF5.
+"""Tensor shard files: safetensors (default) or HDF5.
 
 A shard is written once, to a temporary name, then renamed into place. Every tensor is stored
 as its raw bytes: natively typed where the file format knows the dtype (so other tools can open
@@ -8,13 +8,19 @@ shape rebuild it bit-exactly.
 
 from __future__ import annotations
 
+import json
+import math
+import mmap
 import os
+import struct
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from tdiff.store.dtypes import to_bytes_view
+from tdiff.store.files import open_regular
 from tdiff.store.manifest import STORAGES
 from tdiff.errors import DumpError
 
@@ -44,39 +50,111 @@ class SafetensorsStorage:
         _write_atomically(path, lambda tmp: save_file(storable, str(tmp)))
 
     def open(self, path: Path):
-        from safetensors import safe_open
+        return _SafetensorsShard(path, _read_safetensors_index(path))
 
-        try:
-            return _SafetensorsShard(safe_open(str(path), framework="pt"), path)
-        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types for a damaged header
-            raise DumpError(f"{path}: cannot open tensor shard ({_first_line(exc)}); "
-                            "the file is truncated or corrupted") from None
+
+# The safetensors format: a little-endian u64 header length, a JSON header mapping each key to
+# its dtype, shape and [begin, end) byte offsets into the data that follows, then the data.
+MAX_SAFETENSORS_HEADER = 100_000_000   # safetensors' own limit
+
+
+@dataclass(frozen=True)
+class _Entry:
+    begin: int   # [begin, end) in the data after the header
+    end: int
 
 
 class _SafetensorsShard:
-    def __init__(self, handle, path: Path):
-        self._handle = handle
+    """A safetensors shard's header, read once; every tensor is a map of its own bytes, which
+    lives as long as the tensor. (Opening the shard with safetensors for each read cost a header
+    parse per tensor; one map of the whole shard, kept open, would hold every page read so far
+    resident; reading into fresh memory costs a copy and its page faults.)"""
+
+    def __init__(self, path: Path, index: tuple[int, dict[str, _Entry]]):
         self._path = path
-        self._keys = set(handle.keys())
+        self._data_start, self._entries = index
 
     def get(self, key: str, *, nbytes: int) -> torch.Tensor:
-        """The tensor stored under ``key`` (memory-mapped), when its header declares the ``nbytes``
+        """The raw bytes (uint8) stored under ``key``, when its header declares the ``nbytes``
         its record expects."""
-        if key not in self._keys:
+        entry = self._entries.get(key)
+        if entry is None:
             raise DumpError(f"{self._path}: tensor {key!r} is missing from its shard")
+        if entry.end - entry.begin != nbytes:
+            raise DumpError(f"{self._path}: tensor {key!r} declares {entry.end - entry.begin} bytes, its record "
+                            f"says {nbytes}: the shard is corrupted")
+        if nbytes == 0:
+            return torch.empty(0, dtype=torch.uint8)
+        start = self._data_start + entry.begin
+        mapped_from = start - start % mmap.ALLOCATIONGRANULARITY
+        with open_regular(self._path, "tensor file") as file:
+            try:
+                mapped = mmap.mmap(file.fileno(), start + nbytes - mapped_from, access=mmap.ACCESS_COPY,
+                                   offset=mapped_from)
+            except (OSError, ValueError) as exc:
+                raise DumpError(f"{self._path}: cannot read tensor {key!r} ({_first_line(exc)}); "
+                                "the file is truncated or corrupted") from None
+        # the tensor keeps the map alive and the map ends with it; copy-on-write, so writable
+        return torch.frombuffer(mapped, dtype=torch.uint8, count=nbytes, offset=start - mapped_from)
+
+
+def _read_safetensors_index(path: Path) -> tuple[int, dict[str, _Entry]]:
+    """Where a shard's data starts and its entries, checked as safetensors checks them: every
+    entry of a known dtype, its size that of its shape, the entries tiling the data exactly."""
+    def corrupted(why: str) -> DumpError:
+        return DumpError(f"{path}: cannot open tensor shard ({why}); the file is truncated or corrupted")
+
+    with open_regular(path, "tensor file") as file:
         try:
-            header = self._handle.get_slice(key)
-            dtype = SAFETENSORS_DTYPES.get(header.get_dtype())
-            declared = torch.Size(header.get_shape()).numel() * dtype.itemsize if dtype is not None else None
-            if declared != nbytes:
-                raise DumpError(f"{self._path}: tensor {key!r} declares {declared} bytes, its record "
-                                f"says {nbytes}: the shard is corrupted")
-            return self._handle.get_tensor(key)
-        except DumpError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a damaged shard fails with many error types
-            raise DumpError(f"{self._path}: cannot read tensor {key!r} ({_first_line(exc)}); "
-                            "the file is truncated or corrupted") from None
+            size = os.fstat(file.fileno()).st_size
+            head = file.read(8)
+            if len(head) < 8:
+                raise corrupted("no header")
+            (length,) = struct.unpack("<Q", head)
+            if length > min(MAX_SAFETENSORS_HEADER, size - 8):
+                raise corrupted(f"header of {length} bytes in a file of {size}")
+            raw = file.read(length)
+        except OSError as exc:
+            raise corrupted(exc.strerror or str(exc)) from None
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise corrupted("header is not valid JSON") from None
+    if not isinstance(header, dict):
+        raise corrupted("header is not a JSON object")
+    entries = {}
+    for key, value in header.items():
+        if key == "__metadata__":
+            continue
+        entry = _entry(value)
+        if entry is None:
+            raise corrupted(f"entry {key!r} is malformed")
+        entries[key] = entry
+    data_size = size - 8 - length
+    offset = 0
+    for key, entry in sorted(entries.items(), key=lambda item: (item[1].begin, item[1].end)):
+        if entry.begin != offset:
+            raise corrupted(f"entry {key!r} starts at {entry.begin}, not at {offset}")
+        offset = entry.end
+    if offset != data_size:
+        raise corrupted(f"entries cover {offset} bytes of data, the file holds {data_size}")
+    return 8 + length, entries
+
+
+def _entry(value) -> _Entry | None:
+    """One header entry, or None when it is not a well-formed one of a dtype tdiff stores."""
+    if not isinstance(value, dict):
+        return None
+    dtype, shape, offsets = value.get("dtype"), value.get("shape"), value.get("data_offsets")
+    if not isinstance(dtype, str) or dtype not in SAFETENSORS_DTYPES or not isinstance(shape, list) \
+            or not isinstance(offsets, list):
+        return None
+    if not all(type(n) is int and n >= 0 for n in [*shape, *offsets]) or len(offsets) != 2:
+        return None
+    begin, end = offsets
+    if end - begin != math.prod(shape) * SAFETENSORS_DTYPES[dtype].itemsize:
+        return None
+    return _Entry(begin, end)
 
 
 class H5Storage:
@@ -93,36 +171,46 @@ class H5Storage:
         _write_atomically(path, write)
 
     def open(self, path: Path):
-        import h5py
+        with _open_h5(path):   # a damaged file is refused when the dump is opened
+            return _H5Shard(path)
 
-        try:
-            return _H5Shard(h5py.File(path, "r"), path)
-        except Exception as exc:  # noqa: BLE001 - h5py raises many error types for a damaged file
-            raise DumpError(f"{path}: cannot open HDF5 shard ({_first_line(exc)}); "
-                            "the file is truncated or corrupted") from None
+
+def _open_h5(path: Path):
+    import h5py
+
+    try:
+        return h5py.File(path, "r")
+    except Exception as exc:  # noqa: BLE001 - h5py raises many error types for a damaged file
+        raise DumpError(f"{path}: cannot open HDF5 shard ({_first_line(exc)}); "
+                        "the file is truncated or corrupted") from None
 
 
 class _H5Shard:
-    def __init__(self, handle, path: Path):
-        self._handle = handle
+    """An HDF5 shard, opened for each read: no handle is held between reads."""
+
+    def __init__(self, path: Path):
         self._path = path
 
     def get(self, key: str, *, nbytes: int) -> torch.Tensor:
         """The dataset ``key``, read only when it is stored in this file and declares the
         ``nbytes`` its record expects: a compressed dataset cannot expand beyond its record, and
         no file outside the dump (an external link, external storage, a virtual dataset) is read."""
-        import h5py
-
         if "/" in key:  # a path through groups, any of which could be a link to another file
             raise DumpError(f"{self._path}: tensor key {key!r} is a path; tdiff writes plain keys")
+        with _open_h5(self._path) as handle:
+            return self._read(handle, key, nbytes)
+
+    def _read(self, handle, key: str, nbytes: int) -> torch.Tensor:
+        import h5py
+
         try:
-            link = self._handle.get(key, getlink=True)
+            link = handle.get(key, getlink=True)
             if link is None:
                 raise DumpError(f"{self._path}: tensor {key!r} is missing from its shard")
             if not isinstance(link, h5py.HardLink):
                 raise DumpError(f"{self._path}: tensor {key!r} is a {type(link).__name__} to data "
                                 "elsewhere; tdiff reads only data stored in the dump's own files")
-            dataset = self._handle[key]
+            dataset = handle[key]
             if not isinstance(dataset, h5py.Dataset):
                 raise DumpError(f"{self._path}: {key!r} is not a dataset (corrupted shard)")
             if dataset.is_virtual or dataset.external:

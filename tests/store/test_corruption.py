@@ -81,6 +81,47 @@ def test_a_flipped_bit_in_tensor_data_is_caught_by_the_fingerprint(tmp_path):
     assert result.exit_code == 2 and "does not match its fingerprint" in result.output
 
 
+def rewrite_safetensors_header(shard, change):
+    """Apply ``change`` to a safetensors shard's JSON header, keeping its data as it is."""
+    raw = shard.read_bytes()
+    length = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + length])
+    change({key: entry for key, entry in header.items() if key != "__metadata__"})
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    shard.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + length:])
+
+
+def test_swapped_offsets_in_a_shard_header_are_caught_by_the_fingerprints(tmp_path):
+    good = make_dump(tmp_path / "good")
+    bad = make_dump(tmp_path / "bad")
+    (shard,) = shards(bad)
+
+    def swap_two_tensors(entries):  # the header stays well formed: the data read is another tensor's
+        first, second = [entry for entry in entries.values() if entry["shape"] == [32, 16]][:2]
+        first["data_offsets"], second["data_offsets"] = second["data_offsets"], first["data_offsets"]
+
+    rewrite_safetensors_header(shard, swap_two_tensors)
+    result = compare_exit(good, bad)
+    assert result.exit_code == 2 and "does not match its fingerprint" in result.output
+
+
+def test_a_shard_header_whose_entries_leave_a_gap_is_refused(tmp_path):
+    good = make_dump(tmp_path / "good")
+    bad = make_dump(tmp_path / "bad")
+    (shard,) = shards(bad)
+
+    def shift_the_last_tensor(entries):
+        last = max(entries.values(), key=lambda entry: entry["data_offsets"][0])
+        begin, end = last["data_offsets"]
+        last["data_offsets"] = [begin + 2, end]
+        last["shape"], last["dtype"] = [end - begin - 2], "U8"
+
+    rewrite_safetensors_header(shard, shift_the_last_tensor)
+    result = compare_exit(good, bad)
+    assert result.exit_code == 2 and shard.name in result.output and "truncated or corrupted" in result.output
+
+
 def test_random_truncation_of_every_shard_never_passes(tmp_path):
     rng = random.Random(7)
     reference = make_dump(tmp_path / "ref")

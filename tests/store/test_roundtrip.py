@@ -88,3 +88,24 @@ def test_natively_typed_tensors_open_with_their_dtype_in_plain_safetensors(tmp_p
     for shard in {record.file for record in dump.records}:
         stored.update(load_file(str(tmp_path / "d" / DATA_DIR / shard)))
     assert {str(t.dtype) for t in stored.values()} == {str(t.dtype) for t in tensors.values()}
+
+
+def test_a_loaded_tensor_is_writable_without_touching_its_shard_and_holds_no_memory_once_dropped(tmp_path):
+    original = torch.arange(5000, dtype=torch.float32)
+    with tdiff.capture(tmp_path / "d"):
+        tdiff.dump("t", original)
+    dump = open_dump(tmp_path / "d")
+    (record,) = dump.records
+    (shard,) = (tmp_path / "d" / "data").iterdir()
+    before = shard.read_bytes()
+
+    def mappings_of_the_shard() -> int:
+        with open("/proc/self/maps") as maps:
+            return sum(str(shard) in line for line in maps)
+
+    loaded = [dump.load(record) for _ in range(20)]
+    assert mappings_of_the_shard() == 20   # one map per loaded tensor, held as long as it lives
+    loaded[0].view(-1)[:] = -1.0
+    assert torch.equal(dump.load(record), original) and shard.read_bytes() == before
+    del loaded
+    assert mappings_of_the_shard() == 0

@@ -26,6 +26,7 @@ Examples:
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 
@@ -108,8 +109,13 @@ def wsum64_fingerprint_tensor(tensor: torch.Tensor) -> torch.Tensor:
 
 def digest_format(algorithm: str, digest: int, dtype: str, shape) -> str:
     """The fingerprint string of a 64-bit digest (mix64, wsum64) of a tensor of this dtype and shape."""
-    tag = xxhash.xxh3_64_intdigest(_shape_tag(dtype, shape))
-    return f"{algorithm}:{(digest & 0xFFFFFFFFFFFFFFFF):016x}{tag:016x}"
+    return f"{algorithm}:{(digest & 0xFFFFFFFFFFFFFFFF):016x}{_digest_tag(dtype, tuple(shape))}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _digest_tag(dtype: str, shape: tuple[int, ...]) -> str:
+    """A forward records the same few shapes again and again: their tag is hashed once."""
+    return f"{xxhash.xxh3_64_intdigest(_shape_tag(dtype, shape)):016x}"
 
 
 def wsum64_fingerprint(tensor: torch.Tensor) -> str:
@@ -214,7 +220,8 @@ def _nonfinite_stats(t: torch.Tensor) -> torch.Tensor:
 
 
 def stats_dict(stats: torch.Tensor | list[float]) -> dict:
-    values = stats.tolist() if isinstance(stats, torch.Tensor) else list(stats)
-    out = dict(zip(STAT_NAMES, values))
-    out["nan"], out["inf"] = int(out["nan"]), int(out["inf"])
-    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in out.items()}
+    low, high, mean, abs_mean, nan, inf = stats.tolist() if isinstance(stats, torch.Tensor) else stats
+    # NaN (no finite value to summarise) is stored as null; the writer calls this for every record
+    return {"min": None if low != low else low, "max": None if high != high else high,  # noqa: PLR0124
+            "mean": None if mean != mean else mean, "abs_mean": None if abs_mean != abs_mean else abs_mean,  # noqa: PLR0124
+            "nan": int(nan), "inf": int(inf)}

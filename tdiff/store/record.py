@@ -71,9 +71,11 @@ class Record:
         """The record as stored: optional fields at their default value are left out."""
         out = {}
         for (name, optional, default), value in zip(_STORED_FIELDS, _STORED_VALUES(self)):
-            if optional and value == default:
+            # most defaults are None: an identity test spares comparing dicts and strings
+            if optional and (value is default or (default is not None and value == default)):
                 continue
-            out[name] = list(value) if isinstance(value, tuple) else value
+            out[name] = value
+        out["shape"] = list(self.shape)  # the one tuple field
         return out
 
     @classmethod

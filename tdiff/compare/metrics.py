@@ -6,9 +6,11 @@ Rules:
 - Bitwise equality compares raw bytes: NaN with the same bits is equal, +0 and -0 are not.
 - ULP distance counts representable values between two floats in the tensor's own dtype, over the
   ordering -inf < ... < -0 < +0 < ... < +inf. It is symmetric and zero exactly when the bits are
-  equal: +0 and -0 are 1 ULP apart. A NaN against anything with other bits has no ULP distance;
-  such elements are counted in ``nan_mismatch`` and left out of max_ulp, max_abs, mean_abs and
-  max_rel (two NaNs with different payloads count as a mismatch with zero difference).
+  equal: +0 and -0 are 1 ULP apart. The float8 "fnuz" types have no -0 (their 0x80 is their
+  NaN): there the smallest negative is 1 ULP below +0. float8_e8m0fnu (no sign bit) has no ULP
+  distance. A NaN against anything with other bits has no ULP distance; such elements are
+  counted in ``nan_mismatch`` and left out of max_ulp, max_abs, mean_abs and max_rel (two NaNs
+  with different payloads count as a mismatch with zero difference).
 - Under a tolerance an element matches when |a-b| <= atol + rtol*max(|a|,|b|), the same whichever
   side is A; +inf matches only +inf, -inf only -inf, NaN only NaN (any payload).
 - Integers and bool: the ULP distance is the integer difference.
@@ -27,6 +29,7 @@ Examples:
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from dataclasses import asdict, dataclass, fields
@@ -37,7 +40,10 @@ import torch
 from tdiff.store.dtypes import FLOAT_BITS, to_bytes_view
 
 CHUNK_ELEMENTS = 1 << 18  # small enough for the temporaries to stay in cache-sized buffers
-_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+# signed, so that a float's sign bit is the integer's (negative where the signs differ, in _max_ulp)
+_SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+# their 0x80 is NaN, not -0: no -0 step between their negatives and +0
+_WITHOUT_NEGATIVE_ZERO = frozenset({torch.float8_e4m3fnuz, torch.float8_e5m2fnuz})
 
 
 @dataclass(frozen=True)
@@ -140,10 +146,18 @@ def json_number(value):
 def ulp_at(magnitude: float, dtype: torch.dtype) -> float:
     """The spacing of ``dtype``'s representable values at ``magnitude`` (>= 0): eps * 2^exponent
     for normal numbers, the subnormal spacing below the smallest normal."""
-    info = torch.finfo(dtype)
-    if magnitude < info.tiny:
-        return info.tiny * info.eps
-    return math.ldexp(info.eps, math.frexp(magnitude)[1] - 1)
+    tiny, eps = torch.finfo(dtype).tiny, _epsilon(dtype)
+    if magnitude < tiny:
+        return tiny * eps
+    return math.ldexp(eps, math.frexp(magnitude)[1] - 1)
+
+
+@functools.cache
+def _epsilon(dtype: torch.dtype) -> float:
+    """The spacing of ``dtype``'s values at 1.0, read off the bit pattern after 1.0's:
+    torch.finfo(torch.float8_e5m2fnuz).eps is 0.125 where its two mantissa bits make 0.25."""
+    after_one = (bits_of(torch.ones(1, dtype=dtype)) + 1).view(dtype)
+    return float(after_one.to(torch.float64)) - 1.0
 
 
 def beyond_tolerance(a: np.ndarray, b: np.ndarray, tolerance: Tolerance) -> np.ndarray:
@@ -189,7 +203,12 @@ def ordered_bits(values: torch.Tensor) -> torch.Tensor:
     two is their ULP distance (-0 maps to -1, +0 to 0)."""
     bits = values.reshape(-1).view(FLOAT_BITS[values.dtype]).to(torch.int64)
     magnitude = bits & ((1 << (values.element_size() * 8 - 1)) - 1)
-    return torch.where(bits < 0, -magnitude - 1, magnitude)
+    return torch.where(bits < 0, -magnitude - _negative_zero_steps(values.dtype), magnitude)
+
+
+def _negative_zero_steps(dtype: torch.dtype) -> int:
+    """1 where -0 lies between ``dtype``'s negatives and +0, else 0."""
+    return 0 if dtype in _WITHOUT_NEGATIVE_ZERO else 1
 
 
 def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -272,9 +291,9 @@ def _max_magnitude(values: np.ndarray) -> float:
     return float(np.abs(finite).max()) if finite.size else 0.0
 
 
-def _max_ulp(bits_a: np.ndarray, bits_b: np.ndarray, flipped: np.ndarray) -> int:
+def _max_ulp(bits_a: np.ndarray, bits_b: np.ndarray, flipped: np.ndarray, negative_zero_steps: int) -> int:
     """Largest ULP distance between float bit patterns of one width (no NaN among them), given
-    their XOR ``flipped``."""
+    their XOR ``flipped`` and the steps -0 adds across zero (:func:`_negative_zero_steps`)."""
     if bits_a.size == 0:
         return 0
     scratch = _workspace.array("ulp", bits_a.dtype, bits_a.size)
@@ -289,8 +308,8 @@ def _max_ulp(bits_a: np.ndarray, bits_b: np.ndarray, flipped: np.ndarray) -> int
     wide = np.int64 if bits_a.dtype.itemsize < 8 else np.float64  # fp64 across zero overflows int64
     ma = (bits_a[opposite] & magnitude).astype(wide)
     mb = (bits_b[opposite] & magnitude).astype(wide)
-    # across zero: both magnitudes, plus one for the step from -0 to +0
-    return max(int(scratch.max()), int((ma + mb + 1).max()))
+    # across zero: both magnitudes, plus the step from -0 to +0
+    return max(int(scratch.max()), int((ma + mb + negative_zero_steps).max()))
 
 
 class _Accumulator:
@@ -300,6 +319,7 @@ class _Accumulator:
         self.dtype = dtype_a
         self.same_dtype = dtype_a == dtype_b
         self.float_ulp = self.same_dtype and dtype_a in FLOAT_BITS
+        self.negative_zero_steps = _negative_zero_steps(dtype_a)
         self.int_ulp = self.same_dtype and not dtype_a.is_floating_point
         self.ulp_defined = self.float_ulp or self.int_ulp
         self.wide = not self.same_dtype or not dtype_a.is_floating_point  # compare by value in float64
@@ -385,10 +405,11 @@ class _Accumulator:
         if self.float_ulp and bits is not None and flipped is not None:   # float_ulp implies one dtype
             bits_a, bits_b = bits
             if valid is None:
-                self.max_ulp = max(self.max_ulp, _max_ulp(bits_a, bits_b, flipped))
+                self.max_ulp = max(self.max_ulp, _max_ulp(bits_a, bits_b, flipped, self.negative_zero_steps))
             else:
                 counted = (flipped != 0) & valid
-                self.max_ulp = max(self.max_ulp, _max_ulp(bits_a[counted], bits_b[counted], flipped[counted]))
+                self.max_ulp = max(self.max_ulp, _max_ulp(bits_a[counted], bits_b[counted], flipped[counted],
+                                                          self.negative_zero_steps))
         elif self.int_ulp:
             self.max_ulp = max(self.max_ulp, int(largest))
 

@@ -98,9 +98,11 @@ class DumpWriter:
     def submit(self, item: Pending) -> None:
         if self.failed:
             return
+        if not item.nbytes:  # a record without bytes (stats mode, an alias) holds no memory to account
+            self._queue.put(item)
+            return
         with self._space:
-            if item.nbytes and self._pending_bytes and \
-                    self._pending_bytes + item.nbytes > self.max_pending_bytes:
+            if self._pending_bytes and self._pending_bytes + item.nbytes > self.max_pending_bytes:
                 self.waits += 1
                 self._queue.put(_FLUSH)
                 while (self._pending_bytes and not self.failed

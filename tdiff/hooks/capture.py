@@ -73,13 +73,14 @@ class _Site:
     the selection wants it, who describes its records): worked out on its first call, since the
     hook runs for hundreds of module calls a forward."""
 
-    __slots__ = ("module", "path", "layer", "other_layer", "wanted", "described", "annotator", "graph_module",
+    __slots__ = ("module", "path", "layer", "other_layer", "wanted", "wrapped", "annotator", "graph_module",
                  "names")
 
-    def __init__(self, module, path, layer, other_layer, wanted, described, annotator, graph_module):
-        self.module = weakref.ref(module)   # an id is reused once its module is gone
+    def __init__(self, module, forget, path, layer, other_layer, wanted, wrapped, annotator, graph_module):
+        # weak: a site must not keep a module alive; ``forget`` drops the site with its module
+        self.module = weakref.ref(module, forget)
         self.path, self.layer, self.other_layer, self.wanted = path, layer, other_layer, wanted
-        self.described = described   # what its records name as the module (a compiled module's original)
+        self.wrapped = wrapped   # the model a torch.compile wrapper wraps (it describes the records), or None
         self.annotator = annotator
         self.graph_module = graph_module   # a torch.fx GraphModule: maybe torch.compile's own graph
         self.names: dict[tuple[str, str], str] = {}   # (role, sub) -> tensor name
@@ -278,7 +279,7 @@ class Capture:
         recording = (site.wanted and (graph is not None or self.selection.wants_step(self.step_index))
                      and not self.writer.failed)
         compiled = _compiled(module)
-        described = site.described if compiled else module
+        described = site.wrapped if compiled and site.wrapped is not None else module
         where = (path, described, parent, len(stack), site.annotator, path, site.other_layer)
         if recording:
             for sub, tensor in flatten_call_inputs(args, kwargs):
@@ -325,12 +326,17 @@ class Capture:
         path = self._paths.path_of(module, (parent.module, parent.path) if parent else None)
         layer, other_layer = self._layer_of_call(path, parent)
         # a torch.compile wrapper's records are described (class, framework) by the model it wraps
-        described = getattr(module, "_orig_mod", module)
+        wrapped = getattr(module, "_orig_mod", None)
         fx = sys.modules.get("torch.fx")
-        site = self._sites[key] = _Site(
-            module, path, layer, other_layer, self.selection.wants(path, layer=other_layer), described,
+        sites = self._sites
+
+        def forget(_: weakref.ref) -> None:
+            sites.pop(key, None)
+
+        site = sites[key] = _Site(
+            module, forget, path, layer, other_layer, self.selection.wants(path, layer=other_layer), wrapped,
             # a framework's annotator also describes the plain torch modules inside its models
-            annotating_framework(described, parent.annotator if parent else None),
+            annotating_framework(module if wrapped is None else wrapped, parent.annotator if parent else None),
             fx is not None and isinstance(module, fx.GraphModule))
         return site
 

@@ -1,6 +1,8 @@
 """Capture on real transformers models: names, order, steps, aliases, filters and modes."""
 
+import gc
 import json
+import weakref
 
 import pytest
 import torch
@@ -197,6 +199,28 @@ def test_a_cuda_tensor_recorded_again_is_stored_again_never_aliased(tmp_path):
     dump = open_dump(tmp_path / "d")
     assert [r.alias_of for r in dump.records] == [None, None]
     assert [float(dump.load(r)[0]) for r in dump.records] == [1.0, 2.0]
+
+
+def test_modules_made_during_a_forward_are_recorded_and_not_kept_alive(tmp_path):
+    """What capture learns of each module it sees (its path, layer, selection) must not outlive
+    the module: a module made in every forward is recorded each time and then freed."""
+    made = []
+
+    class MakesOneEachCall(torch.nn.Module):
+        def forward(self, x):
+            scale = torch.nn.Identity()
+            made.append(weakref.ref(scale))
+            return scale(x) * 2
+
+    model = MakesOneEachCall()
+    with torch.no_grad(), tdiff.capture(tmp_path / "a", mode="stats"):
+        for _ in range(20):
+            model(torch.ones(3))
+        gc.collect()
+        alive = sum(ref() is not None for ref in made)
+    assert alive == 0
+    records = open_dump(tmp_path / "a").records
+    assert sum(r.module_class == "Identity" and r.role == "output" for r in records) == len(made) == 20
 
 
 def test_select_exclude_layers_and_steps_filter_what_is_recorded(tmp_path):

@@ -11,6 +11,15 @@ Rules:
   distance. A NaN against anything with other bits has no ULP distance; such elements are
   counted in ``nan_mismatch`` and left out of max_ulp, max_abs, mean_abs and max_rel (two NaNs
   with different payloads count as a mismatch with zero difference).
+- Absolute error |a-b|; relative error |a-b| / max(|a|, |b|), symmetric in a and b (a denominator
+  below the smallest normal of the float32 or float64 the values are computed in is raised to it).
+  worst_a and worst_b are the values of the element with the largest |a-b|, as they are (inf, NaN).
+- An infinity against the same infinity is equal (its bits are). Against a finite value or the
+  other infinity it is a mismatch whose absolute and relative errors are infinite: max_abs,
+  mean_abs and max_rel are inf ("inf" in JSON, see json_number), max_ulp_at_scale too, and no
+  tolerance admits it. Its ULP distance is finite (the ordering above). An infinity against NaN
+  follows the NaN rule.
+- The cosine covers the elements finite on both sides: NaN and infinities are left out of it.
 - Under a tolerance an element matches when |a-b| <= atol + rtol*max(|a|,|b|), the same whichever
   side is A; +inf matches only +inf, -inf only -inf, NaN only NaN (any payload).
 - Integers and bool: the ULP distance is the integer difference.
@@ -345,11 +354,15 @@ class _Accumulator:
         if av is None or bv is None:
             self._add_bits_only(_differs(flipped, a.numel()), n_differs, offset)
             return
-        # NaN is masked out of av and bv below; integers keep their own values (see beyond_tolerance)
+        # the tolerance rule sees the values as they are; integers keep their own (see beyond_tolerance)
         a_values, b_values = (a.numpy(), b.numpy()) if self.int_ulp else (av, bv)
         if n_differs == 0:
             self.magnitude = max(self.magnitude, _max_magnitude(av))
-            square = float(np.dot(av, av))
+            with np.errstate(invalid="ignore", over="ignore"):   # float32 squares past its max
+                square = float(np.dot(av, av))
+                if not math.isfinite(square):  # an infinity or NaN: the cosine covers the finite elements
+                    finite = av[np.isfinite(av)]
+                    square = float(np.dot(finite, finite))
             self.norm_a += square
             self.norm_b += square
             self.valid += a.numel()
@@ -360,27 +373,29 @@ class _Accumulator:
         if self.int_ulp:
             diff[:] = integer_abs_difference(a_values, b_values)
         else:
-            with np.errstate(invalid="ignore"):  # inf - inf
+            with np.errstate(invalid="ignore", over="ignore"):  # inf - inf; float32 values near its max
                 np.subtract(av, bv, out=diff)
             np.abs(diff, out=diff)
         total = float(diff.sum(dtype=np.float64))
-        valid = one_nan = None
+        valid = None
+        finite_a, finite_b, finite_diff = av, bv, diff   # the elements finite on both sides
         if not math.isfinite(total):  # NaN or inf somewhere: mask them (the rare, slower path)
             self.magnitude = max(self.magnitude, _max_magnitude(av), _max_magnitude(bv))
             nan_a, nan_b = np.isnan(av), np.isnan(bv)
             valid = ~(nan_a | nan_b)
-            one_nan = nan_a ^ nan_b
-            self.nan_mismatch += int(np.count_nonzero(one_nan))
+            self.nan_mismatch += int(np.count_nonzero(nan_a ^ nan_b))
             self.nan_mismatch += int(np.count_nonzero(nan_a & nan_b & _differs(flipped, n)))
+            # NaN and equal infinities differ by 0; an infinity against anything else by inf
             diff[~valid | (np.isinf(av) & (av == bv))] = 0.0
-            av, bv = np.where(valid, av, 0), np.where(valid, bv, 0)
+            finite = np.isfinite(av) & np.isfinite(bv)
+            finite_a, finite_b, finite_diff = np.where(finite, av, 0), np.where(finite, bv, 0), np.where(finite, diff, 0)
             total = float(diff.sum(dtype=np.float64))
         self.valid += n if valid is None else int(np.count_nonzero(valid))
         self.sum_abs += total
         with np.errstate(invalid="ignore", over="ignore"):
-            self.norm_a += float(np.dot(av, av))
-            self.norm_b += float(np.dot(bv, bv))
-            self.diff_sq += float(np.dot(diff, diff))
+            self.norm_a += float(np.dot(finite_a, finite_a))
+            self.norm_b += float(np.dot(finite_b, finite_b))
+            self.diff_sq += float(np.dot(finite_diff, finite_diff))
         index = int(diff.argmax())
         largest = float(diff[index])
         if largest == 0.0:  # only signed zeros or NaN payloads differ here
@@ -388,8 +403,11 @@ class _Accumulator:
         if self.worst is None or largest > self.worst[0]:
             self.worst = (largest, offset + index, float(av[index]), float(bv[index]))
         self.max_abs = max(self.max_abs, largest)
-        scale = _workspace.array("scale", av.dtype, n)   # max(|a|, |b|): symmetric in a and b
-        np.maximum(np.abs(av, out=scale), np.abs(bv, out=_workspace.array("magnitude", av.dtype, n)), out=scale)
+        # max(|a|, |b|) over the finite values (symmetric in a and b): an infinite |a-b| over it
+        # stays infinite, where over the infinity itself it would be inf/inf = NaN
+        scale = _workspace.array("scale", av.dtype, n)
+        np.maximum(np.abs(finite_a, out=scale), np.abs(finite_b, out=_workspace.array("magnitude", av.dtype, n)),
+                   out=scale)
         if valid is None:  # every element finite: the largest of max(|a|, |b|) is the largest magnitude
             self.magnitude = max(self.magnitude, float(scale.max()))
         if self.tolerance.exact:
@@ -399,9 +417,8 @@ class _Accumulator:
         tiny = np.finfo(scale.dtype).tiny
         if scale.min() < tiny:  # a check, as numpy's maximum against a scalar is three times slower than a min
             np.maximum(scale, tiny, out=scale)
-        with np.errstate(invalid="ignore"):
-            np.divide(diff, scale, out=scale)
-        self.max_rel = max(self.max_rel, float(np.nanmax(scale) if valid is not None else scale.max()))
+        np.divide(diff, scale, out=scale)
+        self.max_rel = max(self.max_rel, float(scale.max()))
         if self.float_ulp and bits is not None and flipped is not None:   # float_ulp implies one dtype
             bits_a, bits_b = bits
             if valid is None:

@@ -20,6 +20,10 @@ Rules:
   tolerance admits it. Its ULP distance is finite (the ordering above). An infinity against NaN
   follows the NaN rule.
 - The cosine covers the elements finite on both sides: NaN and infinities are left out of it.
+  Values whose squares pass the float32 (or float64) they are computed in still count in full: the
+  sums of squares of such a chunk are computed again in float64, scaled by a power of two.
+- Finite float32 values whose difference passes float32's max (3e38 against -3e38) have their
+  chunk computed in float64, which holds it: max_abs 6e38 and max_rel 2, not inf.
 - Under a tolerance an element matches when |a-b| <= atol + rtol*max(|a|,|b|), the same whichever
   side is A; +inf matches only +inf, -inf only -inf, NaN only NaN (any payload).
 - Integers and bool: the ULP distance is the integer difference.
@@ -40,6 +44,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 import threading
 from dataclasses import asdict, dataclass, fields
 
@@ -53,6 +58,10 @@ CHUNK_ELEMENTS = 1 << 18  # small enough for the temporaries to stay in cache-si
 _SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 # their 0x80 is NaN, not -0: no -0 step between their negatives and +0
 _WITHOUT_NEGATIVE_ZERO = frozenset({torch.float8_e4m3fnuz, torch.float8_e5m2fnuz})
+# a chunk's sum of squares above this is summed again, scaled: the cosine multiplies two norms,
+# whose product must stay within float64 (2^1024) over any number of chunks
+_SQUARES_LIMIT = 2.0 ** 400
+_SCALED_EXPONENT = 190   # scaled values stay below 2^190: their squares below 2^380, a chunk's sum below 2^400
 
 
 @dataclass(frozen=True)
@@ -321,6 +330,71 @@ def _max_ulp(bits_a: np.ndarray, bits_b: np.ndarray, flipped: np.ndarray, negati
     return max(int(scratch.max()), int((ma + mb + negative_zero_steps).max()))
 
 
+def _difference_overflows(av: np.ndarray, bv: np.ndarray, diff: np.ndarray) -> bool:
+    """Whether a difference of finite values passed the dtype's max (3e38 - -3e38 in float32)."""
+    return bool((np.isinf(diff) & np.isfinite(av) & np.isfinite(bv)).any())
+
+
+class _SquareSums:
+    """|a|^2, |b|^2 and |a-b|^2 over the chunks folded in, for the cosine, which is the same whatever
+    power of two scales all three: they are held divided by 4^shift. A chunk's sums are computed in
+    its values' dtype; where they pass it (float32 values past ~1.8e19) or _SQUARES_LIMIT (float64
+    values past ~1e60) they are computed again in float64 over the values times 2^-shift, shift
+    raised so that the largest stays below 2^_SCALED_EXPONENT (exact, but for values that vanish
+    beside the largest)."""
+
+    def __init__(self) -> None:
+        self.a = self.b = self.diff = 0.0
+        self.shift = 0
+
+    def add(self, a: np.ndarray, b: np.ndarray, diff: np.ndarray) -> None:
+        """Fold in a chunk's finite values on both sides and their absolute differences."""
+        sums = _sums_of_squares(a, b, diff)
+        if not _fit(sums):
+            a, b = self._scaled_down(a, b)
+            sums = _sums_of_squares(a, b, np.abs(a - b))
+        elif self.shift:
+            sums = [math.ldexp(s, -2 * self.shift) for s in sums]
+        self._fold(*sums)
+
+    def add_equal(self, values: np.ndarray) -> None:
+        """Fold in a chunk equal on both sides (it adds nothing to |a-b|^2), infinities and NaN included."""
+        (square,) = _sums_of_squares(values)
+        if not math.isfinite(square):  # an infinity or NaN (the cosine covers the finite elements), or overflow
+            values = values[np.isfinite(values)]
+            (square,) = _sums_of_squares(values)
+        if not _fit([square]):
+            (square,) = _sums_of_squares(*self._scaled_down(values))
+        elif self.shift:
+            square = math.ldexp(square, -2 * self.shift)
+        self._fold(square, square, 0.0)
+
+    def _scaled_down(self, *arrays: np.ndarray) -> list[np.ndarray]:
+        """The arrays (finite) in float64 times 2^-shift, shift first raised as far as their largest needs."""
+        largest = max(_max_magnitude(x) for x in arrays)
+        shift = max(self.shift, math.frexp(largest)[1] - _SCALED_EXPONENT)
+        if shift > self.shift:
+            self.a, self.b, self.diff = (math.ldexp(s, 2 * (self.shift - shift)) for s in (self.a, self.b, self.diff))
+            self.shift = shift
+        return [np.ldexp(x.astype(np.float64), -self.shift) for x in arrays]
+
+    def _fold(self, square_a: float, square_b: float, square_diff: float) -> None:
+        self.a += square_a
+        self.b += square_b
+        self.diff += square_diff
+
+
+def _sums_of_squares(*arrays: np.ndarray) -> list[float]:
+    """Each array's sum of squares, computed in its dtype (inf past its max, NaN over a NaN)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return [float(np.dot(x, x)) for x in arrays]
+
+
+def _fit(sums: list[float]) -> bool:
+    """Whether sums of squares as computed are finite and within _SQUARES_LIMIT."""
+    return all(s <= _SQUARES_LIMIT for s in sums)   # False for inf and NaN
+
+
 class _Accumulator:
     """Folds chunk after chunk into one :class:`TensorMetrics`, with numpy (vectorised)."""
 
@@ -337,7 +411,7 @@ class _Accumulator:
         self.max_abs = self.sum_abs = self.max_rel = 0.0
         self.max_ulp = 0
         self.magnitude = 0.0   # max |x| over the finite elements of both sides, for ULP at scale
-        self.norm_a = self.norm_b = self.diff_sq = 0.0   # for the cosine
+        self.squares = _SquareSums()   # for the cosine
         self.worst: tuple[float, int, float, float] | None = None  # (abs diff, index, a, b)
 
     def add(self, a: torch.Tensor, b: torch.Tensor, offset: int, bits: tuple[np.ndarray, np.ndarray] | None) -> None:
@@ -358,25 +432,19 @@ class _Accumulator:
         a_values, b_values = (a.numpy(), b.numpy()) if self.int_ulp else (av, bv)
         if n_differs == 0:
             self.magnitude = max(self.magnitude, _max_magnitude(av))
-            with np.errstate(invalid="ignore", over="ignore"):   # float32 squares past its max
-                square = float(np.dot(av, av))
-                if not math.isfinite(square):  # an infinity or NaN: the cosine covers the finite elements
-                    finite = av[np.isfinite(av)]
-                    square = float(np.dot(finite, finite))
-            self.norm_a += square
-            self.norm_b += square
+            self.squares.add_equal(av)
             self.valid += a.numel()
             return
         self.mismatched += n_differs
         n = a.numel()
-        diff = _workspace.array("diff", av.dtype, n)
-        if self.int_ulp:
-            diff[:] = integer_abs_difference(a_values, b_values)
-        else:
-            with np.errstate(invalid="ignore", over="ignore"):  # inf - inf; float32 values near its max
-                np.subtract(av, bv, out=diff)
-            np.abs(diff, out=diff)
+        tiny = np.finfo(av.dtype).tiny   # of the dtype the values are computed in, whichever a chunk is
+        diff = self._abs_difference(av, bv, a_values, b_values)
         total = float(diff.sum(dtype=np.float64))
+        if not math.isfinite(total) and av.dtype == np.float32 and _difference_overflows(av, bv, diff):
+            av, bv = av.astype(np.float64), bv.astype(np.float64)
+            a_values, b_values = av, bv
+            diff = self._abs_difference(av, bv, a_values, b_values)
+            total = float(diff.sum(dtype=np.float64))
         valid = None
         finite_a, finite_b, finite_diff = av, bv, diff   # the elements finite on both sides
         if not math.isfinite(total):  # NaN or inf somewhere: mask them (the rare, slower path)
@@ -392,10 +460,7 @@ class _Accumulator:
             total = float(diff.sum(dtype=np.float64))
         self.valid += n if valid is None else int(np.count_nonzero(valid))
         self.sum_abs += total
-        with np.errstate(invalid="ignore", over="ignore"):
-            self.norm_a += float(np.dot(finite_a, finite_a))
-            self.norm_b += float(np.dot(finite_b, finite_b))
-            self.diff_sq += float(np.dot(finite_diff, finite_diff))
+        self.squares.add(finite_a, finite_b, finite_diff)
         index = int(diff.argmax())
         largest = float(diff[index])
         if largest == 0.0:  # only signed zeros or NaN payloads differ here
@@ -414,7 +479,6 @@ class _Accumulator:
             self.outside += n_differs
         else:
             self.outside += int(np.count_nonzero(beyond_tolerance(a_values, b_values, self.tolerance)))
-        tiny = np.finfo(scale.dtype).tiny
         if scale.min() < tiny:  # a check, as numpy's maximum against a scalar is three times slower than a min
             np.maximum(scale, tiny, out=scale)
         np.divide(diff, scale, out=scale)
@@ -430,6 +494,17 @@ class _Accumulator:
         elif self.int_ulp:
             self.max_ulp = max(self.max_ulp, int(largest))
 
+    def _abs_difference(self, av: np.ndarray, bv: np.ndarray, a_values: np.ndarray, b_values: np.ndarray) -> np.ndarray:
+        """|a-b| in a scratch array of the values' dtype; integers are differenced exactly."""
+        diff = _workspace.array("diff", av.dtype, av.size)
+        if self.int_ulp:
+            diff[:] = integer_abs_difference(a_values, b_values)
+        else:
+            with np.errstate(invalid="ignore", over="ignore"):  # inf - inf; float32 values near its max
+                np.subtract(av, bv, out=diff)
+            np.abs(diff, out=diff)
+        return diff
+
     def _add_bits_only(self, differs: np.ndarray, n_differs: int, offset: int) -> None:
         self.mismatched += n_differs
         self.outside += n_differs
@@ -439,14 +514,18 @@ class _Accumulator:
             self.worst = (0.0, offset + int(np.flatnonzero(differs)[0]), math.nan, math.nan)
 
     def cosine(self) -> float:
-        if self.norm_a == 0 and self.norm_b == 0:
+        norm_a, norm_b, diff_sq = self.squares.a, self.squares.b, self.squares.diff
+        if norm_a == 0 and norm_b == 0:
             return 1.0 if self.mismatched == 0 else 0.0
-        if self.norm_a == 0 or self.norm_b == 0:
+        if norm_a == 0 or norm_b == 0:
             return 0.0
+        product = norm_a * norm_b
+        # below float64's smallest normal the product has lost digits, or is 0 (float64 values under ~1e-77)
+        root = math.sqrt(product) if product >= sys.float_info.min else math.sqrt(norm_a) * math.sqrt(norm_b)
         # a.b = (|a|^2 + |b|^2 - |a-b|^2) / 2: exact to first order in the norms' rounding, so
         # float32 partial sums still give the cosine of nearly equal tensors to ~1e-12
-        cosine = (self.norm_a + self.norm_b - self.diff_sq) / (2 * math.sqrt(self.norm_a * self.norm_b))
-        return max(-1.0, min(1.0, cosine))
+        cosine = (norm_a + norm_b - diff_sq) / (2 * root)
+        return min(1.0, max(-1.0, cosine))   # in this order a NaN comes out -1, the worst score, never 1
 
     def ulp_at_scale(self) -> float | None:
         if not self.ulp_defined:

@@ -131,3 +131,26 @@ def test_stats_dumps_with_device_digests_compare_against_full_dumps(tmp_path, al
     manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
     result = compare_dumps(open_dump(tmp_path / "stats"), full)
     assert result.status != "match" and result.first_divergence.name == last["name"]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_host_statistics_leave_the_callers_thread_count_and_give_the_tensors_values(threads):
+    """host_stats does its passes with one torch thread and gives the caller its count back; the
+    values are those of the tensor (means over finite values; NaN and inf counted apart)."""
+    before = torch.get_num_threads()
+    values = torch.randn(3, 70_000, generator=torch.Generator().manual_seed(threads))
+    spoiled = values.clone()
+    spoiled[0, :5], spoiled[1, :3], spoiled[2, 0] = math.nan, math.inf, -math.inf
+    try:
+        torch.set_num_threads(threads)
+        for t in (values, spoiled):
+            low, high, mean, abs_mean, nans, infs = fingerprint.host_stats(t)
+            assert torch.get_num_threads() == threads
+            finite = t[torch.isfinite(t)].double()
+            not_nan = t[~torch.isnan(t)]
+            assert (low, high) == (float(not_nan.min()), float(not_nan.max()))
+            assert mean == pytest.approx(float(finite.sum()) / finite.numel(), abs=1e-6)
+            assert abs_mean == pytest.approx(float(finite.abs().mean()), rel=1e-5)
+            assert (nans, infs) == (int(torch.isnan(t).sum()), int(torch.isinf(t).sum()))
+    finally:
+        torch.set_num_threads(before)

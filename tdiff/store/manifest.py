@@ -101,10 +101,6 @@ def update_dump_info(root: Path, **info) -> None:
                         "the dump's header is unchanged") from None
 
 
-_ENCODER = json.JSONEncoder(separators=(",", ":"))
-_LINES_PER_SLICE = 64  # about 0.5 ms of encoding
-
-
 class ManifestJournal:
     """Appends one process's header, records and end line to its manifest part."""
 
@@ -116,11 +112,7 @@ class ManifestJournal:
                      **header})
 
     def _write(self, *lines: dict) -> None:
-        encoded = []
-        for start in range(0, len(lines), _LINES_PER_SLICE):
-            encoded += [_ENCODER.encode(line) + "\n" for line in lines[start:start + _LINES_PER_SLICE]]
-            time.sleep(0)  # the GIL to the model's thread, see tdiff.store.writer._let_the_model_run
-        self._file.write("".join(encoded))
+        self._file.write("".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines))
         self._file.flush()
 
     def append(self, records: list[Record], tokens: Sequence[TokenBatch] = ()) -> None:

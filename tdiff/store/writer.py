@@ -19,7 +19,6 @@ import queue
 from concurrent.futures import Future
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -37,7 +36,6 @@ DEFAULT_MAX_PENDING = 2 << 30
 DEFAULT_SHARD_BYTES = 512 << 20
 # shards written at once: page-cache writes of separate files overlap where there are cores to spare
 DEFAULT_SHARD_WRITERS = max(1, min(4, (os.cpu_count() or 1) // 4))
-_GIL_SLICE = 0.0005  # seconds of the writer's work between two hand-overs of the GIL
 _RECORDS_PER_FLUSH = 4096  # how many data-less records (stats mode) wait before they are journaled
 
 
@@ -145,7 +143,6 @@ class DumpWriter:
     # ---- the writer thread ----
     def _run(self) -> None:
         _yield_to_the_model()
-        held_since = time.perf_counter()
         while True:
             item = self._queue.get()
             if item is _STOP:
@@ -164,10 +161,6 @@ class DumpWriter:
                 self._release(item.nbytes)
             else:
                 self._guarded(self._store, item)
-            now = time.perf_counter()
-            if now - held_since > _GIL_SLICE:
-                _let_the_model_run()
-                held_since = now
 
     def _guarded(self, fn, *args) -> None:
         try:
@@ -278,15 +271,6 @@ class _ShardWriters:
                 future.set_result(fn(*args))
             except BaseException as exc:  # noqa: BLE001 - the waiting writer re-raises it
                 future.set_exception(exc)
-
-
-def _let_the_model_run() -> None:
-    """Hand the GIL to the model's thread if it waits for it. The model's thread releases the GIL
-    in every torch op; a thread that takes it then keeps it until it blocks or Python's switch
-    interval (5 ms) ends, and the model's thread waits all that time when its op returns: on a
-    forward bound by its kernel launches, those waits cost more than the writer's own work (stats
-    mode on a GPU, issue 18). Not after every item: under gVisor the call costs ~70 us."""
-    time.sleep(0)
 
 
 def _yield_to_the_model() -> None:

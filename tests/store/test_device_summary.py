@@ -46,3 +46,25 @@ def test_fused_summary_matches_the_torch_reference_in_the_interpreter():
                             env={"TRITON_INTERPRET": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
                             timeout=300)
     assert "fused summary ok" in result.stdout, result.stderr[-3000:]
+
+
+def test_launches_go_past_the_runner_only_while_no_profiler_hooks_them():
+    """The group kernel is launched directly unless a launch hook is installed (Triton's chain of
+    hooks is never None: an empty one must read as none, one with a hook as installed)."""
+    pytest.importorskip("triton.knobs", reason="Triton without knobs has no launch-hook chain")
+    from triton import knobs
+
+    from tdiff.store.device_summary import _launch_hooks_installed
+
+    chain = knobs.runtime.launch_enter_hook
+    assert chain is not None and not _launch_hooks_installed()
+
+    def hook(*_):
+        pass
+
+    chain.add(hook)
+    try:
+        assert _launch_hooks_installed()
+    finally:
+        chain.remove(hook)
+    assert not _launch_hooks_installed()

@@ -81,4 +81,6 @@ def from_bytes_view(raw: torch.Tensor, dtype: str | torch.dtype, shape) -> torch
         raise DumpError(f"stored tensor has {raw.numel()} bytes, its record says {expected}")
     if expected == 0:
         return torch.empty(shape, dtype=dtype)
+    if raw.data_ptr() % dtype.itemsize:
+        raw = raw.clone()  # bytes mapped from a shard at any offset: kernels need aligned elements
     return raw.view(dtype).reshape(shape)

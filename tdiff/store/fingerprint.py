@@ -160,21 +160,8 @@ def host_stats(tensor: torch.Tensor) -> list[float]:
     """:func:`tensor_stats` of a CPU tensor, as Python floats: no small tensors to build, and the
     absolute values go to a reused buffer instead of freshly faulted-in memory.
 
-    Computed on the calling thread alone: split over torch's threads, each of the four passes
-    waits for the slowest of them, and on a busy machine (a core taken by another process, or by
-    capture's own writer) that wait cost up to seconds a forward; on an idle one, nothing
-    measurable (docs/PERFORMANCE.md, section 1)."""
-    threads = torch.get_num_threads()
-    if threads == 1:
-        return _host_stats(tensor)
-    torch.set_num_threads(1)  # for this thread only: torch's threads are set per calling thread
-    try:
-        return _host_stats(tensor)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _host_stats(tensor: torch.Tensor) -> list[float]:
+    On torch's threads as the process set them: ``torch.set_num_threads`` around the passes would
+    also set the count every thread of the process starts with (docs/PERFORMANCE.md, section 1)."""
     t = _numeric(tensor)
     if t is None:
         return list(_NO_VALUES)

@@ -135,8 +135,7 @@ def test_stats_dumps_with_device_digests_compare_against_full_dumps(tmp_path, al
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_host_statistics_leave_the_callers_thread_count_and_give_the_tensors_values(threads):
-    """host_stats does its passes with one torch thread and gives the caller its count back; the
-    values are those of the tensor (means over finite values; NaN and inf counted apart)."""
+    """host_stats leaves the caller's torch thread count as it was; the values are those of the tensor (means over finite values; NaN and inf counted apart)."""
     before = torch.get_num_threads()
     values = torch.randn(3, 70_000, generator=torch.Generator().manual_seed(threads))
     spoiled = values.clone()
@@ -153,4 +152,43 @@ def test_host_statistics_leave_the_callers_thread_count_and_give_the_tensors_val
             assert abs_mean == pytest.approx(float(finite.abs().mean()), rel=1e-5)
             assert (nans, infs) == (int(torch.isnan(t).sum()), int(torch.isinf(t).sum()))
     finally:
+        torch.set_num_threads(before)
+
+
+def test_host_statistics_on_one_thread_leave_the_thread_count_other_threads_get_as_it_was():
+    """torch's thread count is not only per calling thread: torch.set_num_threads also sets the
+    count every thread starts with (at::set_num_threads' process-wide value, read by a thread's
+    first parallel op). Statistics computed on the writer's thread must not change the model's."""
+    import queue
+    import threading
+
+    before = torch.get_num_threads()
+    jobs: queue.Queue = queue.Queue()
+    results: queue.Queue = queue.Queue()
+
+    def writer_thread():
+        while (job := jobs.get()) is not None:
+            results.put(job())
+
+    def count_of_a_new_thread() -> int:
+        counts: list[int] = []
+        thread = threading.Thread(target=lambda: counts.append(torch.get_num_threads()))
+        thread.start()
+        thread.join()
+        return counts[0]
+
+    writer = threading.Thread(target=writer_thread)
+    writer.start()
+    try:
+        torch.set_num_threads(2)
+        jobs.put(torch.get_num_threads)   # the writer's thread starts with 2
+        assert results.get() == 2
+        torch.set_num_threads(3)          # the program changes its mind later
+        assert count_of_a_new_thread() == 3
+        jobs.put(lambda: fingerprint.host_stats(torch.randn(70_000)))
+        results.get()
+        assert count_of_a_new_thread() == 3 and torch.get_num_threads() == 3
+    finally:
+        jobs.put(None)
+        writer.join()
         torch.set_num_threads(before)

@@ -8,12 +8,14 @@ shape rebuild it bit-exactly.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import mmap
 import os
 import struct
 import uuid
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,14 +90,35 @@ class _SafetensorsShard:
         start = self._data_start + entry.begin
         mapped_from = start - start % mmap.ALLOCATIONGRANULARITY
         with open_regular(self._path, "tensor file") as file:
+            if os.fstat(file.fileno()).st_size < start + nbytes:
+                raise DumpError(f"{self._path}: cannot read tensor {key!r} (the file ends before it); "
+                                "the file is truncated or corrupted")
             try:
-                mapped = mmap.mmap(file.fileno(), start + nbytes - mapped_from, access=mmap.ACCESS_COPY,
-                                   offset=mapped_from)
-            except (OSError, ValueError) as exc:
-                raise DumpError(f"{self._path}: cannot read tensor {key!r} ({_first_line(exc)}); "
-                                "the file is truncated or corrupted") from None
+                mapped = _map_copy_on_write(file.fileno(), start + nbytes - mapped_from, mapped_from)
+            except OSError as exc:
+                raise DumpError(f"{self._path}: cannot map tensor {key!r} ({exc.strerror})") from None
         # the tensor keeps the map alive and the map ends with it; copy-on-write, so writable
         return torch.frombuffer(mapped, dtype=torch.uint8, count=nbytes, offset=start - mapped_from)
+
+
+def _map_copy_on_write(fd: int, length: int, offset: int) -> ctypes.Array:
+    """A private map of ``length`` bytes of the file at ``offset``, unmapped once the returned
+    buffer dies. libc's mmap, not Python's: Python's keeps a duplicate of the file descriptor
+    open as long as the map, so a caller holding many loaded tensors ran out of open files."""
+    address = _libc.mmap(None, length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE, fd, offset)
+    if address == _MAP_FAILED:
+        error = ctypes.get_errno()
+        raise OSError(error, os.strerror(error))
+    mapped = (ctypes.c_uint8 * length).from_address(address)
+    weakref.finalize(mapped, _libc.munmap, address, length)
+    return mapped
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64)
+_libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+_MAP_FAILED = ctypes.c_void_p(-1).value
 
 
 def _read_safetensors_index(path: Path) -> tuple[int, dict[str, _Entry]]:

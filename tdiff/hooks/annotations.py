@@ -32,12 +32,22 @@ _registered: dict[str, Annotator | str] = {
 }
 _resolved: dict[str, Annotator | None] = {}
 _frameworks: dict[type, str] = {}
+_registrations = 0
 
 
 def register(framework: str, annotator: Annotator | str) -> None:
-    """Use ``annotator`` for the records of modules whose class comes from ``framework``."""
+    """Use ``annotator`` for the records of modules whose class comes from ``framework``, from
+    their next call on (also inside a running capture)."""
+    global _registrations
     _registered[framework] = annotator
     _resolved.pop(framework, None)
+    _registrations += 1
+
+
+def registrations() -> int:
+    """How many times :func:`register` ran: a capture works out its calls' annotators again when
+    this changes."""
+    return _registrations
 
 
 def framework_of(module_type: type) -> str:

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self from Python 3.11
 from tdiff.errors import TdiffError
 from tdiff.hooks.active import active_capture, set_active
-from tdiff.hooks.annotations import annotate, annotating_framework
+from tdiff.hooks.annotations import annotate, annotating_framework, registrations
 from tdiff.hooks.cuda_graphs import DEFAULT_GRAPH_BUDGET, GraphRecorder, install_graph_hooks
 from tdiff.hooks.device import Summarizer, host_copy
 from tdiff.hooks.naming import ModulePaths, flatten_call_inputs, flatten_tensors, tensor_name
@@ -73,8 +73,8 @@ class _Site:
     the selection wants it, who describes its records): worked out on its first call, since the
     hook runs for hundreds of module calls a forward."""
 
-    __slots__ = ("module", "path", "layer", "other_layer", "wanted", "wrapped", "annotator", "graph_module",
-                 "names")
+    __slots__ = ("module", "path", "layer", "other_layer", "wanted", "wrapped", "annotator", "registrations",
+                 "graph_module", "names")
 
     def __init__(self, module, forget, path, layer, other_layer, wanted, wrapped, annotator, graph_module):
         # weak: a site must not keep a module alive; ``forget`` drops the site with its module
@@ -82,6 +82,7 @@ class _Site:
         self.path, self.layer, self.other_layer, self.wanted = path, layer, other_layer, wanted
         self.wrapped = wrapped   # the model a torch.compile wrapper wraps (it describes the records), or None
         self.annotator = annotator
+        self.registrations = registrations()   # annotators registered when it was worked out
         self.graph_module = graph_module   # a torch.fx GraphModule: maybe torch.compile's own graph
         self.names: dict[tuple[str, str], str] = {}   # (role, sub) -> tensor name
 
@@ -321,7 +322,7 @@ class Capture:
         """The site of this call: looked up, or worked out on the module's first call from here."""
         key = (id(module), parent.path, parent.layer, parent.annotator) if parent else (id(module),)
         site = self._sites.get(key)
-        if site is not None and site.module() is module:
+        if site is not None and site.module() is module and site.registrations == registrations():
             return site
         path = self._paths.path_of(module, (parent.module, parent.path) if parent else None)
         layer, other_layer = self._layer_of_call(path, parent)

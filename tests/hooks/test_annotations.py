@@ -70,3 +70,17 @@ def test_a_failing_annotator_never_breaks_the_captured_program(tmp_path, monkeyp
     assert out.shape == (4, 2)
     assert "the tests annotator failed (RuntimeError: boom)" in capsys.readouterr().err
     assert records_by_name(tmp_path / "d")[("inner", "output")].attrs == {"framework": "torch"}
+
+
+def test_an_annotator_registered_during_a_capture_describes_the_records_from_then_on(tmp_path, monkeypatch):
+    monkeypatch.setattr(annotations, "_registered", dict(annotations._registered))
+    monkeypatch.setattr(annotations, "_resolved", {})
+    model = Outer()
+    with tdiff.capture(tmp_path / "d"):
+        model(torch.ones(4, 3))
+        tdiff.step()
+        annotations.register("tests", lambda module, path, role, sub, tensor: {"parallel": {"tp": [0, 1]}})
+        model(torch.ones(4, 3))
+    attrs = {(r.step, r.name, r.role): r.attrs for r in open_dump(tmp_path / "d").records}
+    assert attrs[(0, "inner", "output")] == {"framework": "torch"}
+    assert attrs[(1, "inner", "output")] == {"framework": "torch", "parallel": {"tp": [0, 1]}}

@@ -74,7 +74,7 @@ class _Site:
     hook runs for hundreds of module calls a forward."""
 
     __slots__ = ("module", "path", "layer", "other_layer", "wanted", "wrapped", "annotator", "registrations",
-                 "graph_module", "names")
+                 "graph_module", "_names")
 
     def __init__(self, module, forget, path, layer, other_layer, wanted, wrapped, annotator, graph_module):
         # weak: a site must not keep a module alive; ``forget`` drops the site with its module
@@ -84,7 +84,14 @@ class _Site:
         self.annotator = annotator
         self.registrations = registrations()   # annotators registered when it was worked out
         self.graph_module = graph_module   # a torch.fx GraphModule: maybe torch.compile's own graph
-        self.names: dict[tuple[str, str], str] = {}   # (role, sub) -> tensor name
+        self._names: dict[str, str] = {}   # sub -> tensor name
+
+    def name(self, sub: str) -> str:
+        """The name of this module's tensor ``sub`` (an input or an output: the name is the same)."""
+        name = self._names.get(sub)
+        if name is None:
+            name = self._names[sub] = tensor_name(self.path, sub)
+        return name
 
 
 class _Seen:
@@ -284,8 +291,7 @@ class Capture:
         where = (path, described, parent, len(stack), site.annotator, path, site.other_layer)
         if recording:
             for sub, tensor in flatten_call_inputs(args, kwargs):
-                self._record(tensor, site.names.get(("input", sub)) or _name(site, "input", sub), sub,
-                             "input", call, where)
+                self._record(tensor, site.name(sub), sub, "input", call, where)
             self._summaries.launch()  # the inputs' summaries run before the module can change them
         tracer = None
         if recording and self._ops is not None and self._ops.wants(path) and graph is not None:
@@ -311,8 +317,7 @@ class Capture:
             stack.pop()
         if recording:
             for sub, tensor in flatten_tensors(output):
-                self._record(tensor, site.names.get(("output", sub)) or _name(site, "output", sub), sub,
-                             "output", call, where)
+                self._record(tensor, site.name(sub), sub, "output", call, where)
             self._summaries.launch()
         if not stack:
             (graph.top_level if graph is not None else self._top_level_done).add(id(module))
@@ -551,11 +556,6 @@ def _device_name(device: torch.device) -> str:
     name = _device_names.get(device)
     if name is None:
         name = _device_names[device] = str(device)
-    return name
-
-
-def _name(site: _Site, role: str, sub: str) -> str:
-    name = site.names[(role, sub)] = tensor_name(site.path, sub)
     return name
 
 

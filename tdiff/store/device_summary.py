@@ -249,9 +249,9 @@ def group_summary_into(tensors: list[torch.Tensor], table: torch.Tensor, counter
 
 
 def _launch_hooks_installed() -> bool:
-    """Whether a profiler hooks Triton's launches (a chain of hooks in recent Triton, one callable
-    in older ones). Read when the kernel is compiled, not at each launch, where reading Triton's knobs
-    costs more than the launch: a profiler attached later does not see tdiff's own summaries."""
+    """Whether a profiler hooks Triton's launches (a chain of hooks in recent Triton, never None
+    but usually empty; one callable in older ones). Read when the kernel is compiled, off the
+    launches' path: a profiler attached later does not see tdiff's own summaries."""
     hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
     return any(hook is not None and bool(getattr(hook, "calls", True)) for hook in hooks)
 
@@ -268,7 +268,8 @@ def _current_stream(device_index: int) -> int:
 
 def _partials(device: torch.device, stream: int, accumulator: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """The group kernel's partials on this stream: launches on one stream run one after the other
-    and may share them; launches on two streams may overlap and must not."""
+    and may share them; launches on two streams may overlap and must not. (Torch hands streams out
+    of a fixed pool per device, so there are few of these.)"""
     key = (device, stream, accumulator)
     found = _partial_buffers.get(key)
     if found is None:

@@ -223,8 +223,8 @@ def _nonfinite_stats(t: torch.Tensor) -> torch.Tensor:
 
 
 def stats_dict(stats: torch.Tensor | list[float]) -> dict:
-    low, high, mean, abs_mean, nan, inf = stats.tolist() if isinstance(stats, torch.Tensor) else stats
-    # NaN (no finite value to summarise) is stored as null; the writer calls this for every record
-    return {"min": None if low != low else low, "max": None if high != high else high,  # noqa: PLR0124
-            "mean": None if mean != mean else mean, "abs_mean": None if abs_mean != abs_mean else abs_mean,  # noqa: PLR0124
-            "nan": int(nan), "inf": int(inf)}
+    values = stats.tolist() if isinstance(stats, torch.Tensor) else stats
+    # NaN (no finite value to summarise) is stored as null; the counts as integers
+    out = {name: None if value != value else value for name, value in zip(STAT_NAMES[:4], values)}  # noqa: PLR0124
+    out["nan"], out["inf"] = int(values[4]), int(values[5])
+    return out

@@ -152,6 +152,7 @@ _SCHEMA = {f.name: (_json_type(_HINTS[f.name]), _optional(f)) for f in _STORED}
 # (name, may be left out, default) of each stored field, computed once: to_json runs per record
 _STORED_FIELDS = tuple((f.name, _optional(f), _default(f) if _optional(f) else None) for f in _STORED)
 # every field's value in one call (the writer reads them for every record)
-_ALL_VALUES = operator.attrgetter(*(f.name for f in dataclasses.fields(Record)))
+_FIELD_NAMES = [f.name for f in dataclasses.fields(Record)]
+_ALL_VALUES = operator.attrgetter(*_FIELD_NAMES)
 _STORED_VALUES = operator.attrgetter(*(name for name, _, _ in _STORED_FIELDS))
-_STATS_AT = [f.name for f in dataclasses.fields(Record)].index("stats")  # then fingerprint, file, key
+_STATS_AT = _FIELD_NAMES.index("stats")  # then fingerprint, file, key

@@ -225,7 +225,7 @@ class Capture:
         if self._ops is not None:
             self._ops.clear()
         self._summaries.flush()
-        self.writer.flush()
+        self.writer.end_step()
 
     # ---- module calls ----
     @property

@@ -221,13 +221,33 @@ def group_summary_into(tensors: list[torch.Tensor], table: torch.Tensor, counter
     Python, and its partials live in a buffer kept per stream."""
     first = tensors[0]
     device = first.device
-    blocks = sum(triton.cdiv(t.numel(), _BLOCK) for t in tensors)
+    blocks = sum(triton.cdiv(t.numel(), _BLOCK) for t in tensors) if len(tensors) > 1 else \
+        triton.cdiv(first.numel(), _BLOCK)
     unused = GROUP - len(tensors)
-    element = first.element_size()
     stream = _current_stream(device.index)
-    partial_f, partial_i = _partials(device, stream, _accumulator(first.dtype))
     values = (slot, *(t.data_ptr() for t in tensors), *([first.data_ptr()] * unused),
               *(t.numel() for t in tensors), *([0] * unused), MIX_INCREMENT, MIX_MULTIPLIER_1, MIX_MULTIPLIER_2)
+    launch = _launches.get((table.data_ptr(), counters.data_ptr(), first.dtype, stream))
+    if launch is None:
+        launch = _first_launch(first, table, counters, stream, blocks, values)
+        if launch is None:
+            return  # this launch compiled the kernel, and ran it
+    compiled, hooked, head, constants = launch
+    if hooked:  # a profiler's launch hooks want each launch's metadata: the runner computes it
+        compiled[(blocks, 1, 1)](*head, *values, *constants)
+    else:
+        compiled.run(blocks, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
+                     *head, *values, *constants)
+
+
+def _first_launch(first: torch.Tensor, table: torch.Tensor, counters: torch.Tensor, stream: int, blocks: int,
+                  values: tuple) -> tuple | None:
+    """What every later launch on this table, counters, dtype and stream passes the compiled kernel before and
+    after its tensors' addresses and sizes (worked out once: a launch's host time is what counts);
+    None when the kernel was not compiled yet: this launch compiled and ran it."""
+    device = first.device
+    element = first.element_size()
+    partial_f, partial_i = _partials(device, stream, _accumulator(first.dtype))
     constants = (element, _BLOCK, _BLOCK * element // 8, _FOLD)  # ELEMENT_BYTES, BLOCK, WORDS, FOLD
     key = (device, first.dtype)
     found = _compiled_group_kernels.get(key)
@@ -236,16 +256,14 @@ def group_summary_into(tensors: list[torch.Tensor], table: torch.Tensor, counter
             _dtype_witness(first), partial_f, partial_i, counters, table, table.view(torch.int64), *values,
             **dict(zip(("ELEMENT_BYTES", "BLOCK", "WORDS", "FOLD"), constants)))
         _compiled_group_kernels[key] = (compiled, _launch_hooks_installed())
-        return
+        return None
     compiled, hooked = found
     # later launches pass addresses as integers: the launcher then skips its per-pointer driver query
     table_address = table.data_ptr()
-    args = (_dtype_witness(first).data_ptr(), partial_f.data_ptr(), partial_i.data_ptr(), counters.data_ptr(),
-            table_address, table_address, *values, *constants)
-    if hooked:  # a profiler's launch hooks want each launch's metadata: the runner computes it
-        compiled[(blocks, 1, 1)](*args)
-    else:
-        compiled.run(blocks, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None, *args)
+    head = (_dtype_witness(first).data_ptr(), partial_f.data_ptr(), partial_i.data_ptr(), counters.data_ptr(),
+            table_address, table_address)
+    launch = _launches[(table_address, head[3], first.dtype, stream)] = (compiled, hooked, head, constants)
+    return launch
 
 
 def _launch_hooks_installed() -> bool:
@@ -259,6 +277,9 @@ def _launch_hooks_installed() -> bool:
 _compiled_group_kernels: dict[tuple, tuple[Any, bool]] = {}  # CompiledKernel, launch hooks installed
 _dtype_witnesses: dict[tuple, torch.Tensor] = {}
 _partial_buffers: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+# (table address, counters' address, dtype, stream) -> what _first_launch worked out; keyed by both
+# addresses, so a table or counters allocated later where freed ones were never meet stale ones
+_launches: dict[tuple, tuple] = {}
 _MAX_GROUP_BLOCKS = GROUP * triton.cdiv(GROUPED_MAX_ELEMENTS, _BLOCK)
 
 

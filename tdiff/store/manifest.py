@@ -101,6 +101,10 @@ def update_dump_info(root: Path, **info) -> None:
                         "the dump's header is unchanged") from None
 
 
+# one encoder for every line: json.dumps with separators builds a new encoder per call
+_LINE_ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
 class ManifestJournal:
     """Appends one process's header, records and end line to its manifest part."""
 
@@ -112,7 +116,8 @@ class ManifestJournal:
                      **header})
 
     def _write(self, *lines: dict) -> None:
-        self._file.write("".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines))
+        encode = _LINE_ENCODER.encode
+        self._file.write("".join(encode(line) + "\n" for line in lines))
         self._file.flush()
 
     def append(self, records: list[Record], tokens: Sequence[TokenBatch] = ()) -> None:
@@ -207,5 +212,5 @@ def _end_problem(path: Path, end: dict | None, count: int) -> str | None:
 
 
 def _with_part(record: Record, part: str) -> Record:
-    object.__setattr__(record, "part", part)
+    record.part = part
     return record

@@ -20,7 +20,10 @@ ROLES = ("input", "output", "explicit", "op")
 _SAFE_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass sets each of its 23 fields through object.__setattr__, which made
+# building a record (twice per captured tensor) 8x slower; records are still never changed once
+# built (``with_contents`` makes a new one)
+@dataclass(slots=True)
 class Record:
     seq: int                    # execution order within the process that wrote it
     name: str                   # module path plus sub-name, e.g. "model.layers.0.self_attn[0]"

@@ -97,7 +97,7 @@ def index_dumper_dir(path: Path) -> tuple[dict, list[Part], list[Record], list[s
         records = _attribute_shared_modules(_number_calls(sorted(records, key=lambda r: (r.step, r.seq))))
         part = Part(name=f"{FORMAT}-rank{rank}", header={"format": FORMAT, "rank": rank}, records=records)
         for r in records:
-            object.__setattr__(r, "part", part.name)
+            r.part = part.name
         parts.append(part)
     records = [r for part in parts for r in part.records]
     info = {"format": FORMAT, "side": path.name, "mode": "full", "storage": "torch.save",
@@ -187,7 +187,7 @@ def _number_calls(records: list[Record]) -> list[Record]:
     seen: dict[tuple, int] = defaultdict(int)
     for r in records:
         key = (r.step, r.name, r.role)
-        object.__setattr__(r, "call", seen[key])
+        r.call = seen[key]
         seen[key] += 1
     return records
 
@@ -204,7 +204,7 @@ def _attribute_shared_modules(records: list[Record]) -> list[Record]:
         layer = _layer_id(r)
         if r.role != "explicit" and layer is not None and len(layer_ids[(r.step, r.module)]) > 1 \
                 and layer != layer_of(r.module):
-            object.__setattr__(r, "layer", layer)
+            r.layer = layer
     return records
 
 

@@ -37,6 +37,10 @@ DEFAULT_SHARD_BYTES = 512 << 20
 # shards written at once: page-cache writes of separate files overlap where there are cores to spare
 DEFAULT_SHARD_WRITERS = max(1, min(4, (os.cpu_count() or 1) // 4))
 _RECORDS_PER_FLUSH = 4096  # how many data-less records (stats mode) wait before they are journaled
+# Items reach the writer thread in handfuls: waking it for each record made it take the GIL from
+# the model's thread once a record (a stats-mode capture's forward took twice as long for it)
+_HANDFUL_ITEMS = 256
+_HANDFUL_BYTES = 16 << 20  # host copies start on their way to disk without waiting for more
 
 
 class Summary(Protocol):
@@ -57,6 +61,7 @@ class Pending:
 
 
 _FLUSH = object()
+_STEP_END = object()
 _STOP = object()
 
 
@@ -75,6 +80,9 @@ class DumpWriter:
         self.waits = 0
         self._journal = ManifestJournal(self.root, part, header)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._handful: list[Pending] = []   # submitted, not yet handed to the writer thread
+        self._handful_bytes = 0
+        self._handful_lock = threading.Lock()  # several threads may submit
         self._space = threading.Condition()
         self._pending_bytes = 0
         self._shard_index = 0
@@ -82,7 +90,7 @@ class DumpWriter:
         self._shard_bytes = 0
         self._records: list[Record] = []
         self._tokens: list[TokenBatch] = []
-        self._stored: dict[int, Record] = {}  # seq -> record holding the bytes (for aliases)
+        self._stored: dict[int, Record] = {}  # seq -> record holding the bytes (for aliases), this step
         self._shard_writers = _ShardWriters(shard_writers, name=f"tdiff-shards-{part}")
         self._last_shard: Future | None = None  # journals its records after every shard before it
         self._thread = threading.Thread(target=self._run, name=f"tdiff-writer-{part}", daemon=True)
@@ -96,44 +104,57 @@ class DumpWriter:
     def submit(self, item: Pending) -> None:
         if self.failed:
             return
-        if not item.nbytes:  # a record without bytes (stats mode, an alias) holds no memory to account
-            self._queue.put(item)
-            return
-        with self._space:
-            if self._pending_bytes and self._pending_bytes + item.nbytes > self.max_pending_bytes:
-                self.waits += 1
-                self._queue.put(_FLUSH)
-                while (self._pending_bytes and not self.failed
-                       and self._pending_bytes + item.nbytes > self.max_pending_bytes):
-                    self._space.wait()
-            if self.failed:
+        if item.nbytes:  # a record without bytes (stats mode, an alias) holds no memory to account
+            with self._space:
+                if self._pending_bytes and self._pending_bytes + item.nbytes > self.max_pending_bytes:
+                    self.waits += 1
+                    self._hand_over(_FLUSH)  # the writer frees memory only from what it was given
+                    while (self._pending_bytes and not self.failed
+                           and self._pending_bytes + item.nbytes > self.max_pending_bytes):
+                        self._space.wait()
+                if self.failed:
+                    return
+                self._pending_bytes += item.nbytes
+                self.peak_pending_bytes = max(self.peak_pending_bytes, self._pending_bytes)
+        with self._handful_lock:
+            self._handful.append(item)
+            self._handful_bytes += item.nbytes
+            if len(self._handful) < _HANDFUL_ITEMS and self._handful_bytes < _HANDFUL_BYTES:
                 return
-            self._pending_bytes += item.nbytes
-            self.peak_pending_bytes = max(self.peak_pending_bytes, self._pending_bytes)
-        self._queue.put(item)
+            handful, self._handful, self._handful_bytes = self._handful, [], 0
+            self._queue.put(handful)
+
+    def _hand_over(self, message) -> None:
+        """Queue ``message`` for the writer thread after every item submitted before it."""
+        with self._handful_lock:
+            if self._handful:
+                self._queue.put(self._handful)
+                self._handful, self._handful_bytes = [], 0
+            self._queue.put(message)
 
     def submit_tokens(self, batch: TokenBatch) -> None:
         """Journal a forward's token metadata with the next records written."""
         if not self.failed:
-            self._queue.put(batch)
+            self._hand_over(batch)
 
-    def flush(self) -> None:
-        """Ask the writer to write out what it holds (at the end of a step, say)."""
-        self._queue.put(_FLUSH)
+    def end_step(self) -> None:
+        """At the end of a step: the writer writes out what it holds, and forgets the records
+        written, which the next steps' records never alias (capture looks for aliases within a step)."""
+        self._hand_over(_STEP_END)
 
     def drain(self) -> None:
         """Wait until the writer has handled everything submitted so far: until the next submit
         it makes no CUDA call (no event wait, no pinned buffer released), which a CUDA graph
         capture in any thread of the process would fail on."""
         done = threading.Event()
-        self._queue.put(done)
+        self._hand_over(done)
         done.wait()
 
     def close(self, error: str | None = None, notes: Sequence[str] = ()) -> None:
         """Write what is pending and end the manifest, with the capture's ``notes``; ``error`` (why
         the captured program failed) or a write failure ends it as failed, which marks the dump
         incomplete."""
-        self._queue.put(_STOP)
+        self._hand_over(_STOP)
         self._thread.join()
         try:
             self._journal.end(self.records_written, self.error or error, notes)
@@ -152,15 +173,20 @@ class DumpWriter:
                 return
             if item is _FLUSH:
                 self._guarded(self._flush_shard)
+            elif item is _STEP_END:
+                self._guarded(self._flush_shard)
+                self._stored.clear()
             elif isinstance(item, threading.Event):
                 self._wait_for_shards()
                 item.set()  # drain(): everything before it is handled
             elif isinstance(item, TokenBatch):
                 self._tokens.append(item)
-            elif self.failed:
-                self._release(item.nbytes)
             else:
-                self._guarded(self._store, item)
+                for pending in item:
+                    if self.failed:
+                        self._release(pending.nbytes)
+                    else:
+                        self._guarded(self._store, pending)
 
     def _guarded(self, fn, *args) -> None:
         try:

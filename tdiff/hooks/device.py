@@ -93,34 +93,38 @@ class Summarizer:
         self._group_slot = 0
 
     def summarize(self, tensor: torch.Tensor) -> Summary:
-        if tensor.device.type == "cpu":
+        device = tensor.device  # read once: each read builds a torch.device (this runs per record)
+        kind = device.type
+        if kind == "cpu":
             return Summary(host_stats(tensor), xxh3_fingerprint(tensor))
-        if tensor.device.type != "cuda":
+        if kind != "cuda":
             packed = _packed_summary(tensor).cpu()
             return _resolved(packed, tensor)
-        if self._device is not None and tensor.device != self._device:
+        if self._device is not None and device != self._device:
             self.flush()
-        table = self._table(tensor.device)
+        table = self._table(device)
         if self._batch is None:
-            self._batch, self._start, self._device = _Batch(), self._used, tensor.device
+            self._batch, self._start, self._device = _Batch(), self._used, device
         slot = self._used
         kernels = _kernels()
         if kernels is not None and kernels.fused_summary_supported(tensor):
             if tensor.numel() <= kernels.GROUPED_MAX_ELEMENTS:
-                if self._group and (self._group[0].dtype != tensor.dtype or len(self._group) == kernels.GROUP):
+                group = self._group
+                if group and (group[0].dtype != tensor.dtype or len(group) == kernels.GROUP):
                     self.launch()
-                if not self._group:
+                    group = self._group
+                if not group:
                     self._group_slot = slot
-                self._group.append(tensor)
+                group.append(tensor)
             else:
                 self.launch()  # a group's slots are consecutive
-                kernels.fused_summary_into(tensor, table[slot], self._counters[tensor.device][slot])
+                kernels.fused_summary_into(tensor, table[slot], self._counters[device][slot])
         else:
             self.launch()
             table[slot].copy_(_packed_summary(tensor))
         summary = _DeviceSummary(self._batch, slot - self._start)
-        self._used += 1
-        if self._used - self._start >= _BATCH or self._used == len(table):
+        self._used = used = slot + 1
+        if used - self._start >= _BATCH or used == len(table):
             self.flush()
         return summary
 

@@ -28,13 +28,19 @@ CALL_VALUES = Nested(torch.Tensor, max_depth=6, skip=SKIPPED_TYPES)
 
 def flatten_tensors(value, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (sub-name, tensor) for every tensor in a nested value, in a stable order."""
-    yield from CALL_VALUES.leaves(value, prefix)
+    if isinstance(value, torch.Tensor):  # most values are one tensor: no walk (capture runs this per call)
+        yield prefix, value
+    else:
+        yield from CALL_VALUES.leaves(value, prefix)
+
+
+_POSITIONS = tuple(str(i) for i in range(16))
 
 
 def flatten_call_inputs(args: tuple, kwargs: dict) -> Iterator[tuple[str, torch.Tensor]]:
     """Positional arguments are named by position, keyword arguments by keyword."""
     for i, arg in enumerate(args):
-        yield from flatten_tensors(arg, str(i))
+        yield from flatten_tensors(arg, _POSITIONS[i] if i < len(_POSITIONS) else str(i))
     for key, arg in kwargs.items():
         yield from flatten_tensors(arg, key)
 

@@ -49,7 +49,7 @@ class Summary(Protocol):
         ...
 
 
-@dataclass
+@dataclass(slots=True)
 class Pending:
     """A captured tensor on its way to disk."""
 

@@ -18,8 +18,8 @@ import threading
 import torch
 
 from tdiff.store.dtypes import dtype_name, to_bytes_view
-from tdiff.store.fingerprint import digest_format, host_stats, mix64_fingerprint_tensor, stats_dict, \
-    tensor_stats, xxh3_fingerprint
+from tdiff.store.fingerprint import digest_format, host_summary, mix64_fingerprint_tensor, stats_dict, \
+    tensor_stats
 from tdiff.vocab.parse import parse_size
 
 _BATCH = 512  # summaries copied to the host together
@@ -96,7 +96,7 @@ class Summarizer:
         device = tensor.device  # read once: each read builds a torch.device (this runs per record)
         kind = device.type
         if kind == "cpu":
-            return Summary(host_stats(tensor), xxh3_fingerprint(tensor))
+            return Summary(*host_summary(tensor))
         if kind != "cuda":
             packed = _packed_summary(tensor).cpu()
             return _resolved(packed, tensor)

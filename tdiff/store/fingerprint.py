@@ -157,26 +157,60 @@ def tensor_stats(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def host_stats(tensor: torch.Tensor) -> list[float]:
-    """:func:`tensor_stats` of a CPU tensor, as Python floats: no small tensors to build, and the
-    absolute values go to a reused buffer instead of freshly faulted-in memory.
+    """:func:`tensor_stats` of a CPU tensor, as Python floats: no small tensors to build.
 
+    A large tensor is summarised in chunks of :data:`_CHUNK` elements, each read from memory once
+    while it stays in the cache (its sum, the sum of its absolute values through a reused buffer,
+    its minimum and maximum): four passes over the whole tensor's memory took twice as long.
     On torch's threads as the process set them: ``torch.set_num_threads`` around the passes would
     also set the count every thread of the process starts with (docs/PERFORMANCE.md, section 1)."""
+    return _chunked_summary(tensor, None)
+
+
+def host_summary(tensor: torch.Tensor) -> tuple[list[float], str]:
+    """:func:`host_stats` and :func:`xxh3_fingerprint` of a CPU tensor, each chunk hashed while
+    the statistics have it in the cache (stats mode's capture, one pass instead of two)."""
+    t = tensor.detach()
+    if not (t.is_floating_point() and t.dtype.itemsize > 1 and t.is_contiguous() and t.numel() > 1
+            and not t.is_quantized):
+        return host_stats(tensor), xxh3_fingerprint(tensor)  # summarised as a converted copy
+    hasher = xxhash.xxh3_128(_shape_tag(dtype_name(t.dtype), t.shape))
+    stats = _chunked_summary(t, hasher)
+    return stats, "xxh3:" + hasher.hexdigest()
+
+
+def _chunked_summary(tensor: torch.Tensor, hasher) -> list[float]:
+    """:func:`host_stats`; with ``hasher``, also fed the tensor's bytes chunk by chunk (the tensor
+    is then floating and contiguous: its chunks are its bytes)."""
     t = _numeric(tensor)
     if t is None:
         return list(_NO_VALUES)
     # float32 accumulation (cascade-summed by torch) is ten times faster than float64 on CPU
-    # and plenty for diagnostics; float64 tensors keep float64
+    # and plenty for diagnostics; float64 tensors keep float64; the chunks' sums add up in Python
     acc = torch.float64 if t.dtype == torch.float64 else torch.float32
-    total = float(t.sum(dtype=acc))
-    if not math.isfinite(total):
+    flat = t.reshape(-1)
+    total = abs_total = 0.0
+    lo, hi = math.inf, -math.inf
+    finite = True
+    for part in (flat,) if flat.numel() <= _CHUNK else flat.split(_CHUNK):
+        if hasher is not None:
+            hasher.update(part.view(torch.uint8).numpy().data)
+        if finite:
+            part_total = float(part.sum(dtype=acc))
+            finite = math.isfinite(part_total)
+        if finite:
+            total += part_total
+            abs_total += float(torch.abs(part, out=_scratch(part)).sum(dtype=acc))
+            part_lo, part_hi = torch.aminmax(part)
+            lo, hi = min(lo, float(part_lo)), max(hi, float(part_hi))
+        elif hasher is None:
+            break
+    if not finite:
         return _nonfinite_stats(t).tolist()
-    magnitudes = torch.abs(t, out=_scratch(t)) if t.is_contiguous() else t.abs()
-    abs_total = float(magnitudes.sum(dtype=acc))
-    lo, hi = torch.aminmax(t)
-    return [float(lo), float(hi), total / t.numel(), abs_total / t.numel(), 0, 0]
+    return [lo, hi, total / t.numel(), abs_total / t.numel(), 0, 0]
 
 
+_CHUNK = 1 << 20  # elements: 4 MiB of float32, which the last-level cache holds
 _NO_VALUES = (math.nan, math.nan, math.nan, math.nan, 0, 0)
 _scratch_buffers = threading.local()
 

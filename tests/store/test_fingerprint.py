@@ -192,3 +192,51 @@ def test_host_statistics_on_one_thread_leave_the_thread_count_other_threads_get_
         jobs.put(None)
         writer.join()
         torch.set_num_threads(before)
+
+
+def _chunked_cases():
+    """Tensors over several of host_stats' chunks (NaN or inf in a late chunk only), and the kinds
+    host_summary hands to host_stats and xxh3_fingerprint (copies, conversions, one element)."""
+    chunk = fingerprint._CHUNK
+    g = torch.Generator().manual_seed(7)
+    big = torch.randn(2 * chunk + 12_345, generator=g)
+    late_nan, late_inf = big.clone(), big.clone()
+    late_nan[-3] = math.nan
+    late_inf[chunk + 5] = -math.inf
+    return {
+        "float32, 3 chunks": big,
+        "bfloat16, 3 chunks": big.bfloat16(),
+        "float16, 2-d": big[: 2 * chunk].half().reshape(1024, -1),
+        "float64": big[:70_000].double(),
+        "NaN in the last chunk": late_nan,
+        "-inf in the second chunk": late_inf,
+        "strided": big[::3],
+        "int64": torch.arange(-5, 70_000),
+        "bool": torch.rand(1000, generator=g) > 0.5,
+        "one element": torch.tensor([2.5]),
+        "zero-dimensional": torch.tensor(-1.0),
+        "empty": torch.empty(0, 4),
+        "complex": torch.randn(300, dtype=torch.complex64, generator=g),
+    }
+
+
+@pytest.mark.parametrize("case", list(_chunked_cases()))
+def test_host_summary_is_host_stats_and_the_xxh3_fingerprint_in_one_pass(case):
+    t = _chunked_cases()[case]
+    stats, digest = fingerprint.host_summary(t)
+    assert digest == fingerprint.xxh3_fingerprint(t)
+    expected = fingerprint.host_stats(t)
+    assert stats == pytest.approx(expected, nan_ok=True)
+    assert stats[4:] == expected[4:]
+
+
+@pytest.mark.parametrize("case", ["float32, 3 chunks", "NaN in the last chunk", "-inf in the second chunk"])
+def test_host_stats_over_several_chunks_are_the_tensors(case):
+    t = _chunked_cases()[case]
+    low, high, mean, abs_mean, nans, infs = fingerprint.host_stats(t)
+    finite = t[torch.isfinite(t)].double()
+    not_nan = t[~torch.isnan(t)]
+    assert (low, high) == (float(not_nan.min()), float(not_nan.max()))  # exact: each is an element
+    assert mean == pytest.approx(float(finite.mean()), abs=1e-6)
+    assert abs_mean == pytest.approx(float(finite.abs().mean()), rel=1e-6)
+    assert (nans, infs) == (int(torch.isnan(t).sum()), int(torch.isinf(t).sum()))

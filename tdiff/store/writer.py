@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from tdiff.store.fingerprint import host_stats, stats_dict, xxh3_fingerprint
+from tdiff.store.fingerprint import host_summary, stats_dict, xxh3_fingerprint
 from tdiff.store.manifest import DATA_DIR, ManifestJournal
 from tdiff.store.record import Record
 from tdiff.store.storage import storage_for
@@ -204,8 +204,12 @@ class DumpWriter:
             record = record.with_contents(original.stats, original.fingerprint, original.file, original.key)
         elif data is not None:
             key = f"t{record.seq}"
-            stats = item.summary.resolve(record)[0] if item.summary is not None else stats_dict(host_stats(data))
-            record = record.with_contents(stats, xxh3_fingerprint(data), self._shard_name(), key)
+            if item.summary is not None:  # statistics the GPU computed: only the bytes to hash here
+                stats, fingerprint = item.summary.resolve(record)[0], xxh3_fingerprint(data)
+            else:
+                values, fingerprint = host_summary(data)  # one pass over the copy for both
+                stats = stats_dict(values)
+            record = record.with_contents(stats, fingerprint, self._shard_name(), key)
             self._shard[key] = data
             self._shard_bytes += item.nbytes
         else:

@@ -19,7 +19,7 @@ Each round starts a fresh capture; the other variants time its first forward. "f
 forward pass as the GPU and the calling thread see it, until the device is synchronised; "to disk" adds
 the wait for tdiff's writer (every byte handed to the OS, no fsync).
 
-Bounds (issue 18): stats mode's forward <= 1.3x the plain forward; full mode to disk <= 1.5x its
+Bounds (issue 18), both until on disk: stats mode <= 1.3x the plain forward; full mode <= 1.5x its
 bound, the plain forward plus the dump's bytes over the single-stream page-cache write bandwidth,
 measured in the same run (a 1 GiB buffer written to a file in --work, no fsync, median of 3).
 """
@@ -166,9 +166,9 @@ def main(argv=None) -> None:
 
 
 def verdict(name: str, row: dict, base: float, bandwidth: float) -> str:
-    if name in ("tdiff stats", "stats step 2"):
-        ratio = row["forward"] / base
-        return f"forward {ratio:.2f}x plain, bound {STATS_BOUND}x: {'met' if ratio <= STATS_BOUND else 'MISSED'}"
+    if name in ("tdiff stats", "stats step 2"):  # judged until on disk, what a user waits for
+        ratio = row["to disk"] / base
+        return f"to disk {ratio:.2f}x plain, bound {STATS_BOUND}x: {'met' if ratio <= STATS_BOUND else 'MISSED'}"
     if name == "tdiff full":
         bound = base + row["bytes"] / bandwidth
         ratio = row["to disk"] / bound

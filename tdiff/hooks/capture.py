@@ -97,10 +97,11 @@ class _Site:
 class _Seen:
     """A stored record of a tensor object, for the records of that object that may follow."""
 
-    __slots__ = ("tensor", "version", "seq", "stored", "fingerprint")
+    __slots__ = ("tensor", "version", "pending", "stored", "fingerprint")
 
-    def __init__(self, tensor, version, seq, stored, fingerprint):
-        self.tensor, self.version, self.seq = tensor, version, seq   # weak reference, _version, record
+    def __init__(self, tensor, version, pending, stored, fingerprint):
+        self.tensor, self.version = tensor, version   # weak reference, _version
+        self.pending = pending            # the record's item: an alias takes its contents from it
         self.stored = stored              # weak reference to the host copy the writer holds (full mode)
         self.fingerprint = fingerprint    # XXH3 of the bytes stored or summarised (computed when needed)
 
@@ -225,7 +226,7 @@ class Capture:
         if self._ops is not None:
             self._ops.clear()
         self._summaries.flush()
-        self.writer.end_step()
+        self.writer.flush()
 
     # ---- module calls ----
     @property
@@ -448,7 +449,8 @@ class Capture:
             tensor = tensor.int_repr()
         if tensor.is_conj() or tensor.is_neg():
             tensor = tensor.resolve_conj().resolve_neg()
-        alias_of = self._alias_of(original, tensor) if graph is None else None
+        seen = self._alias_of(original, tensor) if graph is None else None
+        alias_of = seen.pending.record.seq if seen is not None else None
         record = Record(
             seq=seq, name=name, module=module_path, role=role, step=self.step_index, call=call,
             rank=self._current_rank(), dtype=dtype_name(tensor.dtype), shape=tuple(tensor.shape),
@@ -461,24 +463,26 @@ class Capture:
             self._ops.held(original, seq)
         if graph is not None:
             graph.record(record, counter, tensor)  # into the graph's static buffers, harvested on replay
-        elif alias_of is not None:
-            self.writer.submit(Pending(record=record))
+        elif seen is not None:
+            self.writer.submit(Pending(record=record, original=seen.pending))
         elif self.mode == "full":
             summary = self._summaries.snapshot_summary(tensor)  # statistics from the GPU, if it holds it
             host, ready = host_copy(tensor)
             data = host.view(tensor.dtype).reshape(tensor.shape)
-            self.writer.submit(Pending(record=record, data=data, ready=ready, nbytes=host.numel(), summary=summary))
-            self._remember(original, seq, tensor, stored=data)
+            pending = Pending(record=record, data=data, ready=ready, nbytes=host.numel(), summary=summary)
+            self.writer.submit(pending)
+            self._remember(original, pending, tensor, stored=data)
         else:
             summary = self._summaries.summarize(tensor)
-            self.writer.submit(Pending(record=record, summary=summary))
+            pending = Pending(record=record, summary=summary)
+            self.writer.submit(pending)
             if device.type == "cpu":  # a host summary is complete at once: no wait
-                self._remember(original, seq, tensor, fingerprint=summary.resolve(record)[1])
+                self._remember(original, pending, tensor, fingerprint=summary.resolve(record)[1])
         return seq
 
-    def _alias_of(self, original: torch.Tensor, tensor: torch.Tensor) -> int | None:
-        """The seq of an earlier record of this very tensor object whose stored bytes are still its
-        bytes (``tensor`` is ``original`` as it is recorded).
+    def _alias_of(self, original: torch.Tensor, tensor: torch.Tensor) -> _Seen | None:
+        """An earlier record of this very tensor object whose stored bytes are still its bytes
+        (``tensor`` is ``original`` as it is recorded).
 
         Identity and autograd's version counter only nominate the earlier record: a write through
         ``.data``, a numpy or DLPack view or a raw pointer (Triton) leaves the version as it was,
@@ -495,11 +499,14 @@ class Capture:
         # XXH3-128 reads each byte once, at memory speed (a byte-by-byte comparison is slower)
         if seen.fingerprint != xxh3_fingerprint(tensor):
             return None
-        return seen.seq
+        return seen
 
-    def _remember(self, original: torch.Tensor, seq: int, tensor: torch.Tensor, *,
+    def _remember(self, original: torch.Tensor, pending: Pending, tensor: torch.Tensor, *,
                   stored: torch.Tensor | None = None, fingerprint: str | None = None) -> None:
-        """Note a stored record for later records of the same tensor object. Inference tensors
+        """Note a submitted record for later records of the same tensor object: an alias names the
+        item it aliases, never only a seq, so the writer needs no table of every record (which grew
+        with every step) and an alias another thread found across a step's end still resolves.
+        Inference tensors
         carry no version counter, and a CUDA tensor's bytes could only be checked by one more
         device digest per record (its host copy or summary is still on its way when the next record
         comes): those are always stored again."""
@@ -513,7 +520,7 @@ class Capture:
             aliases.pop(key, None)
 
         aliases[key] = _Seen(weakref.ref(original, forget), original._version,
-                             seq, weakref.ref(stored) if stored is not None else None, fingerprint)
+                             pending, weakref.ref(stored) if stored is not None else None, fingerprint)
 
     def _current_rank(self) -> int:
         """torch.distributed's rank once it is initialised (then fixed), before that $RANK.

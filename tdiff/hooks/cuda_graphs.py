@@ -214,7 +214,8 @@ def _emit(capture, recording: GraphRecording, step: int, bases: dict, rows: int 
     for table in recording._tables:
         batch = stats_batches[id(table)] = _Batch()
         batch.issue(table, torch.empty(table.shape, dtype=table.dtype, pin_memory=True))
-    copies, seqs = [], []
+    copies: list[Pending] = []
+    seqs: list[int] = []
     for entry in recording.entries:
         record = entry.record
         seq = next(capture._seq)
@@ -224,7 +225,8 @@ def _emit(capture, recording: GraphRecording, step: int, bases: dict, rows: int 
         record = dataclasses.replace(record, seq=seq, step=step, call=bases[entry.counter] + record.call,
                                      shape=shape)
         if entry.alias is not None:
-            copies.append(Pending(record=dataclasses.replace(record, alias_of=seqs[entry.alias])))
+            copies.append(Pending(record=dataclasses.replace(record, alias_of=seqs[entry.alias]),
+                                  original=copies[entry.alias]))
         elif entry.static is not None:
             nbytes = entry.static.numel() * math.prod(shape) // entry.record.numel if entry.record.numel else 0
             host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)

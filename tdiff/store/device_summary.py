@@ -227,7 +227,7 @@ def group_summary_into(tensors: list[torch.Tensor], table: torch.Tensor, counter
     stream = _current_stream(device.index)
     values = (slot, *(t.data_ptr() for t in tensors), *([first.data_ptr()] * unused),
               *(t.numel() for t in tensors), *([0] * unused), MIX_INCREMENT, MIX_MULTIPLIER_1, MIX_MULTIPLIER_2)
-    launch = _launches.get((table.data_ptr(), counters.data_ptr(), first.dtype, stream))
+    launch = _launches.get((device.index, table.data_ptr(), counters.data_ptr(), first.dtype, stream))
     if launch is None:
         launch = _first_launch(first, table, counters, stream, blocks, values)
         if launch is None:
@@ -262,7 +262,7 @@ def _first_launch(first: torch.Tensor, table: torch.Tensor, counters: torch.Tens
     table_address = table.data_ptr()
     head = (_dtype_witness(first).data_ptr(), partial_f.data_ptr(), partial_i.data_ptr(), counters.data_ptr(),
             table_address, table_address)
-    launch = _launches[(table_address, head[3], first.dtype, stream)] = (compiled, hooked, head, constants)
+    launch = _launches[(device.index, table_address, head[3], first.dtype, stream)] = (compiled, hooked, head, constants)
     return launch
 
 
@@ -277,8 +277,8 @@ def _launch_hooks_installed() -> bool:
 _compiled_group_kernels: dict[tuple, tuple[Any, bool]] = {}  # CompiledKernel, launch hooks installed
 _dtype_witnesses: dict[tuple, torch.Tensor] = {}
 _partial_buffers: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-# (table address, counters' address, dtype, stream) -> what _first_launch worked out; keyed by both
-# addresses, so a table or counters allocated later where freed ones were never meet stale ones
+# (device, table address, counters' address, dtype, stream) -> what _first_launch worked out; keyed by
+# both addresses, so a table or counters allocated later where freed ones were never meet stale ones
 _launches: dict[tuple, tuple] = {}
 _MAX_GROUP_BLOCKS = GROUP * triton.cdiv(GROUPED_MAX_ELEMENTS, _BLOCK)
 

@@ -62,10 +62,11 @@ class Pending:
     ready: torch.cuda.Event | None = None   # CUDA event that completes ``data``
     summary: Summary | None = None          # stats mode; in full mode, statistics the GPU computed
     nbytes: int = 0                         # host bytes this item holds until its shard is written
+    original: Pending | None = None         # an alias: the item of the record it aliases, written before it
+    written: Record | None = None           # the record as the writer journaled it (for aliases of it)
 
 
 _FLUSH = object()
-_STEP_END = object()
 _STOP = object()
 
 
@@ -94,7 +95,6 @@ class DumpWriter:
         self._shard_bytes = 0
         self._records: list[Record] = []
         self._tokens: list[TokenBatch] = []
-        self._stored: dict[int, Record] = {}  # seq -> record holding the bytes (for aliases), this step
         self._shard_writers = _ShardWriters(shard_writers, name=f"tdiff-shards-{part}")
         self._last_shard: Future | None = None  # journals its records after every shard before it
         self._thread = threading.Thread(target=self._run, name=f"tdiff-writer-{part}", daemon=True)
@@ -141,10 +141,9 @@ class DumpWriter:
         if not self.failed:
             self._hand_over(batch)
 
-    def end_step(self) -> None:
-        """At the end of a step: the writer writes out what it holds, and forgets the records
-        written, which the next steps' records never alias (capture looks for aliases within a step)."""
-        self._hand_over(_STEP_END)
+    def flush(self) -> None:
+        """Ask the writer to write out what it holds (at the end of a step, say)."""
+        self._hand_over(_FLUSH)
 
     def drain(self) -> None:
         """Wait until the writer has handled everything submitted so far: until the next submit
@@ -177,9 +176,6 @@ class DumpWriter:
                 return
             if item is _FLUSH:
                 self._guarded(self._flush_shard)
-            elif item is _STEP_END:
-                self._guarded(self._flush_shard)
-                self._stored.clear()
             elif isinstance(item, threading.Event):
                 self._wait_for_shards()
                 item.set()  # drain(): everything before it is handled
@@ -203,8 +199,8 @@ class DumpWriter:
         data = item.data
         if item.ready is not None:
             item.ready.synchronize()
-        if record.alias_of is not None:
-            original = self._stored[record.alias_of]
+        if item.original is not None:
+            original = item.original.written  # set: the original was submitted, so written, first
             record = record.with_contents(original.stats, original.fingerprint, original.file, original.key)
         elif data is not None:
             key = f"t{record.seq}"
@@ -219,7 +215,7 @@ class DumpWriter:
         else:
             stats, fingerprint = item.summary.resolve(record)
             record = record.with_contents(stats, fingerprint)
-        self._stored[record.seq] = record
+        item.written, item.data = record, None  # the shard holds the data until it is written
         self._records.append(record)
         if self._shard_bytes >= self.shard_limit or len(self._records) >= _RECORDS_PER_FLUSH:
             self._flush_shard()

@@ -506,10 +506,9 @@ class Capture:
         """Note a submitted record for later records of the same tensor object: an alias names the
         item it aliases, never only a seq, so the writer needs no table of every record (which grew
         with every step) and an alias another thread found across a step's end still resolves.
-        Inference tensors
-        carry no version counter, and a CUDA tensor's bytes could only be checked by one more
-        device digest per record (its host copy or summary is still on its way when the next record
-        comes): those are always stored again."""
+        Inference tensors carry no version counter, and a CUDA tensor's bytes could only be checked
+        by one more device digest per record (its host copy or summary is still on its way when the
+        next record comes): those are always stored again."""
         if original.is_inference() or tensor.device.type != "cpu":
             return
         key = id(original)

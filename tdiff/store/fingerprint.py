@@ -164,27 +164,25 @@ def host_stats(tensor: torch.Tensor) -> list[float]:
     its minimum and maximum): four passes over the whole tensor's memory took twice as long.
     On torch's threads as the process set them: ``torch.set_num_threads`` around the passes would
     also set the count every thread of the process starts with (docs/PERFORMANCE.md, section 1)."""
-    return _chunked_summary(tensor, None)
+    t = _numeric(tensor)
+    return list(_NO_VALUES) if t is None else _chunked_stats(t, None)
 
 
 def host_summary(tensor: torch.Tensor) -> tuple[list[float], str]:
     """:func:`host_stats` and :func:`xxh3_fingerprint` of a CPU tensor, each chunk hashed while
     the statistics have it in the cache (stats mode's capture, one pass instead of two)."""
-    t = tensor.detach()
-    if not (t.is_floating_point() and t.dtype.itemsize > 1 and t.is_contiguous() and t.numel() > 1
-            and not t.is_quantized):
-        return host_stats(tensor), xxh3_fingerprint(tensor)  # summarised as a converted copy
+    t = _numeric(tensor)
+    # the values summarised are the tensor's own bytes only where _numeric converted nothing
+    if t is None or t.dtype != tensor.dtype or not t.is_contiguous() or t.numel() < 2:
+        return host_stats(tensor), xxh3_fingerprint(tensor)
     hasher = xxhash.xxh3_128(_shape_tag(dtype_name(t.dtype), t.shape))
-    stats = _chunked_summary(t, hasher)
+    stats = _chunked_stats(t, hasher)
     return stats, "xxh3:" + hasher.hexdigest()
 
 
-def _chunked_summary(tensor: torch.Tensor, hasher) -> list[float]:
-    """:func:`host_stats`; with ``hasher``, also fed the tensor's bytes chunk by chunk (the tensor
-    is then floating and contiguous: its chunks are its bytes)."""
-    t = _numeric(tensor)
-    if t is None:
-        return list(_NO_VALUES)
+def _chunked_stats(t: torch.Tensor, hasher) -> list[float]:
+    """:func:`host_stats` of ``t``, as :func:`_numeric` gives it; with ``hasher``, also fed its
+    bytes chunk by chunk (``t`` is then the tensor itself, contiguous: its chunks are its bytes)."""
     # float32 accumulation (cascade-summed by torch) is ten times faster than float64 on CPU
     # and plenty for diagnostics; float64 tensors keep float64; the chunks' sums add up in Python
     acc = torch.float64 if t.dtype == torch.float64 else torch.float32

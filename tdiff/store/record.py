@@ -21,8 +21,8 @@ _SAFE_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 
 
 # Not frozen: a frozen dataclass sets each of its 23 fields through object.__setattr__, which made
-# building a record (twice per captured tensor) 8x slower; records are still never changed once
-# built (``with_contents`` makes a new one)
+# building a record (twice per captured tensor) 8x slower. The writer never changes a record
+# (``with_contents`` makes a new one); readers set what only they know (its part)
 @dataclass(slots=True)
 class Record:
     seq: int                    # execution order within the process that wrote it

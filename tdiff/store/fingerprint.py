@@ -35,7 +35,6 @@ import xxhash
 
 from tdiff.store.dtypes import dtype_name, to_bytes_view
 
-STAT_NAMES = ("min", "max", "mean", "abs_mean", "nan", "inf")
 WEIGHT_MULTIPLIER = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
 WEIGHT_OFFSET = 0x632BE59BD9B4E019
 # splitmix64 (Steele, Lea, Flood 2014): its increment and the multipliers of its finaliser, as
@@ -255,8 +254,9 @@ def _nonfinite_stats(t: torch.Tensor) -> torch.Tensor:
 
 
 def stats_dict(stats: torch.Tensor | list[float]) -> dict:
-    values = stats.tolist() if isinstance(stats, torch.Tensor) else stats
-    # NaN (no finite value to summarise) is stored as null; the counts as integers
-    out = {name: None if value != value else value for name, value in zip(STAT_NAMES[:4], values)}  # noqa: PLR0124
-    out["nan"], out["inf"] = int(values[4]), int(values[5])
-    return out
+    """The statistics as a record stores them: NaN (no finite value to summarise) as null, the
+    counts as integers (spelt out: the writer calls this for every record)."""
+    lo, hi, mean, abs_mean, nan, inf = stats.tolist() if isinstance(stats, torch.Tensor) else stats
+    return {"min": None if lo != lo else lo, "max": None if hi != hi else hi,  # noqa: PLR0124
+            "mean": None if mean != mean else mean, "abs_mean": None if abs_mean != abs_mean else abs_mean,  # noqa: PLR0124
+            "nan": int(nan), "inf": int(inf)}

@@ -21,8 +21,9 @@ _SAFE_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 
 
 # Not frozen: a frozen dataclass sets each of its 23 fields through object.__setattr__, which made
-# building a record (twice per captured tensor) 8x slower. The writer never changes a record
-# (``with_contents`` makes a new one); readers set what only they know (its part)
+# building a record (once per captured tensor) 8x slower, and a copy of it with its contents cost
+# the writer as much again. Each record is built for one captured tensor: the writer completes it
+# in place (``set_contents``), once; readers set what only they know (its part)
 @dataclass(slots=True)
 class Record:
     seq: int                    # execution order within the process that wrote it
@@ -62,13 +63,10 @@ class Record:
         """What identifies the same tensor in two runs of the same program."""
         return (self.name, self.step, self.call, self.role, self.rank)
 
-    def with_contents(self, stats: dict | None, fingerprint: str | None, file: str | None = None,
-                      key: str | None = None) -> Record:
-        """This record with what the writer learnt of its bytes: ``dataclasses.replace`` without
-        its per-field work, since the writer calls it for every record."""
-        values = list(_ALL_VALUES(self))
-        values[_STATS_AT:_STATS_AT + 4] = stats, fingerprint, file, key
-        return Record(*values)
+    def set_contents(self, stats: dict | None, fingerprint: str | None, file: str | None = None,
+                     key: str | None = None) -> None:
+        """What the writer learnt of the record's bytes."""
+        self.stats, self.fingerprint, self.file, self.key = stats, fingerprint, file, key
 
     def to_json(self) -> dict:
         """The record as stored: optional fields at their default value are left out."""
@@ -154,8 +152,4 @@ _HINTS = get_type_hints(Record)
 _SCHEMA = {f.name: (_json_type(_HINTS[f.name]), _optional(f)) for f in _STORED}
 # (name, may be left out, default) of each stored field, computed once: to_json runs per record
 _STORED_FIELDS = tuple((f.name, _optional(f), _default(f) if _optional(f) else None) for f in _STORED)
-# every field's value in one call (the writer reads them for every record)
-_FIELD_NAMES = [f.name for f in dataclasses.fields(Record)]
-_ALL_VALUES = operator.attrgetter(*_FIELD_NAMES)
 _STORED_VALUES = operator.attrgetter(*(name for name, _, _ in _STORED_FIELDS))
-_STATS_AT = _FIELD_NAMES.index("stats")  # then fingerprint, file, key

@@ -63,7 +63,6 @@ class Pending:
     summary: Summary | None = None          # stats mode; in full mode, statistics the GPU computed
     nbytes: int = 0                         # host bytes this item holds until its shard is written
     original: Pending | None = None         # an alias: the item of the record it aliases, written before it
-    written: Record | None = None           # the record as the writer journaled it (for aliases of it)
 
 
 _FLUSH = object()
@@ -200,8 +199,8 @@ class DumpWriter:
         if item.ready is not None:
             item.ready.synchronize()
         if item.original is not None:
-            original = item.original.written  # set: the original was submitted, so written, first
-            record = record.with_contents(original.stats, original.fingerprint, original.file, original.key)
+            original = item.original.record  # complete: it was submitted, so stored, first
+            record.set_contents(original.stats, original.fingerprint, original.file, original.key)
         elif data is not None:
             key = f"t{record.seq}"
             if item.summary is not None:  # statistics the GPU computed: only the bytes to hash here
@@ -209,13 +208,12 @@ class DumpWriter:
             else:
                 values, fingerprint = host_summary(data)  # one pass over the copy for both
                 stats = stats_dict(values)
-            record = record.with_contents(stats, fingerprint, self._shard_name(), key)
+            record.set_contents(stats, fingerprint, self._shard_name(), key)
             self._shard[key] = data
             self._shard_bytes += item.nbytes
         else:
-            stats, fingerprint = item.summary.resolve(record)
-            record = record.with_contents(stats, fingerprint)
-        item.written, item.data = record, None  # the shard holds the data until it is written
+            record.set_contents(*item.summary.resolve(record))
+        item.data = None  # the shard holds the data until it is written
         self._records.append(record)
         if self._shard_bytes >= self.shard_limit or len(self._records) >= _RECORDS_PER_FLUSH:
             self._flush_shard()

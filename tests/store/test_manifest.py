@@ -51,22 +51,6 @@ def test_every_stored_field_round_trips_and_is_documented():
     assert documented == set(stored) | set(op_stored)
 
 
-def test_a_record_with_its_contents_is_the_record_replaced():
-    """The writer's fast copy keeps every other field, the part included (its positions follow
-    the dataclass's fields)."""
-    record = Record(seq=3, name="m.layers.0.mlp[0]", module="m.layers.0.mlp", role="op", step=1, call=2,
-                    rank=1, dtype="bfloat16", shape=(2, 3), sub="0", module_class="MLP", parent="m.layers.0",
-                    depth=2, layer=4, device="cuda:0", alias_of=1, attrs={"framework": "torch"},
-                    op={"name": "aten::neg", "index": 0, "function": "f", "source": "a.py:1", "inputs": [1]},
-                    part="p")
-    contents = ({"min": 0.0}, "xxh3:" + "0" * 32, "p.s00000.safetensors", "t3")
-    completed = record.with_contents(*contents)
-    assert completed == dataclasses.replace(record, stats=contents[0], fingerprint=contents[1], file=contents[2],
-                                            key=contents[3])
-    assert completed.part == "p" and completed.op == record.op
-    assert record.with_contents(None, "mix64:1") == dataclasses.replace(record, fingerprint="mix64:1")
-
-
 @pytest.mark.parametrize("field, value, message", [
     ("shape", "3x4", "field 'shape' has the wrong type"),
     ("shape", [3, -1], "non-negative integers"),

@@ -89,6 +89,7 @@ class DumpWriter:
         self._handful_lock = threading.Lock()  # several threads may submit
         self._space = threading.Condition()
         self._pending_bytes = 0
+        self._waiting = 0   # threads waiting at the memory cap
         self._shard_index = 0
         self._shard: dict[str, torch.Tensor] = {}
         self._shard_bytes = 0
@@ -111,10 +112,14 @@ class DumpWriter:
             with self._space:
                 if self._pending_bytes and self._pending_bytes + item.nbytes > self.max_pending_bytes:
                     self.waits += 1
-                    self._hand_over(_FLUSH)  # the writer frees memory only from what it was given
-                    while (self._pending_bytes and not self.failed
-                           and self._pending_bytes + item.nbytes > self.max_pending_bytes):
-                        self._space.wait()
+                    self._waiting += 1
+                    try:
+                        self._hand_over(_FLUSH)  # the writer frees memory only from what it was given
+                        while (self._pending_bytes and not self.failed
+                               and self._pending_bytes + item.nbytes > self.max_pending_bytes):
+                            self._space.wait()
+                    finally:
+                        self._waiting -= 1
                 if self.failed:
                     return
                 self._pending_bytes += item.nbytes
@@ -122,10 +127,16 @@ class DumpWriter:
         with self._handful_lock:
             self._handful.append(item)
             self._handful_bytes += item.nbytes
-            if len(self._handful) < _HANDFUL_ITEMS and self._handful_bytes < _HANDFUL_BYTES:
+            if self._waiting:
+                # another thread waits at the cap: what this one holds must reach the disk too, or
+                # its bytes, counted as pending, could keep that thread waiting until the step ends
+                self._queue.put(self._handful)
+                self._queue.put(_FLUSH)
+            elif len(self._handful) < _HANDFUL_ITEMS and self._handful_bytes < _HANDFUL_BYTES:
                 return
-            handful, self._handful, self._handful_bytes = self._handful, [], 0
-            self._queue.put(handful)
+            else:
+                self._queue.put(self._handful)
+            self._handful, self._handful_bytes = [], 0
 
     def _hand_over(self, message) -> None:
         """Queue ``message`` for the writer thread after every item submitted before it."""
@@ -264,6 +275,9 @@ class DumpWriter:
             self._space.notify_all()  # a waiting hook sees the failure and returns
         if first:
             self._report(f"{reason}; capture stopped, the dump is marked incomplete")
+            with self._handful_lock:  # no later submit hands the held copies over: free them now
+                dropped, self._handful, self._handful_bytes = self._handful, [], 0
+            self._release(sum(item.nbytes for item in dropped))
 
     @staticmethod
     def _report(message: str) -> None:

@@ -145,3 +145,81 @@ def test_an_alias_another_thread_found_across_a_steps_end_resolves(tmp_path, mon
         assert second.fingerprint == first.fingerprint and second.stats == first.stats
         if mode == "full":
             assert torch.equal(dump.load(second), x)
+
+
+def _copy(seq: int, nbytes: int) -> Pending:
+    tensor = torch.full((nbytes // 4,), float(seq))
+    record = Record(seq=seq, name=f"t{seq}", module="", role="explicit", step=0, call=0, rank=0,
+                    dtype="float32", shape=tuple(tensor.shape))
+    return Pending(record=record, data=tensor, nbytes=nbytes)
+
+
+def _gated_writer(tmp_path, max_pending_bytes: int) -> tuple[DumpWriter, threading.Event]:
+    """A full-mode writer whose shards wait for the returned gate before they are written."""
+    from tdiff.store.manifest import create_dump
+
+    create_dump(tmp_path / "d", {"side": "d", "mode": "full", "storage": "safetensors", "tdiff": tdiff.__version__})
+    writer = DumpWriter(tmp_path / "d", "p0", {"side": "d", "mode": "full"}, max_pending_bytes=max_pending_bytes)
+    gate = threading.Event()
+    write = writer.storage.write
+
+    def gated_write(path, tensors):
+        gate.wait(10)
+        return write(path, tensors)
+
+    writer.storage = type("Gated", (), {"write": staticmethod(gated_write), "suffix": writer.storage.suffix})()
+    return writer, gate
+
+
+def test_a_thread_at_the_memory_cap_is_not_kept_waiting_by_what_another_thread_holds(tmp_path):
+    # A waits at the cap; B then submits a copy that fits. Once the writer frees the first copy,
+    # B's copy alone still leaves no room for A's: A may go on only once B's copy is written too,
+    # so B's copy must not sit in B's handful (until the step's end) while A waits
+    cap = 1000
+    writer, gate = _gated_writer(tmp_path, cap)
+    writer.submit(_copy(0, 500))
+    a = threading.Thread(target=writer.submit, args=(_copy(1, 900),), name="A")
+    a.start()
+    for _ in range(1000):
+        if writer.waits:
+            break
+        threading.Event().wait(0.01)
+    assert writer.waits == 1
+    writer.submit(_copy(2, 300))   # fits beside the first: no wait for this thread
+    gate.set()
+    a.join(10)
+    assert not a.is_alive(), "A still waits at the memory cap"
+    writer.close()
+    dump = open_dump(tmp_path / "d")
+    assert dump.complete and sorted(r.seq for r in dump.records) == [0, 1, 2]
+    assert writer.peak_pending_bytes <= cap
+
+
+def test_after_a_write_failure_no_copy_stays_held(tmp_path):
+    # copies still in a thread's handful when the writer fails are never handed over (submit
+    # returns at once from then on): they are freed then, not at the step's end
+    import pytest
+
+    from tdiff.errors import DumpError
+
+    writer, gate = _gated_writer(tmp_path, 1 << 20)   # shards of 512 KiB
+    write = writer.storage.write
+
+    def failing_write(path, tensors):
+        write(path, tensors)   # waits for the gate
+        raise OSError(28, "No space left on device")
+
+    writer.storage.write = failing_write
+    writer.submit(_copy(0, 600_000))
+    writer.flush()                      # its shard is on its way to disk, held at the gate
+    for seq in (1, 2, 3):
+        writer.submit(_copy(seq, 1000))  # held in this thread's handful
+    gate.set()
+    for _ in range(1000):
+        if writer.failed and writer._pending_bytes == 0:
+            break
+        threading.Event().wait(0.01)
+    assert writer.failed and writer._pending_bytes == 0
+    writer.close()
+    with pytest.raises(DumpError, match="capture failed"):
+        open_dump(tmp_path / "d")

@@ -72,7 +72,7 @@ _STOP = object()
 class DumpWriter:
     def __init__(self, root: Path, part: str, header: dict, *, storage: str = "safetensors",
                  max_pending_bytes: int = DEFAULT_MAX_PENDING,
-                 shard_bytes: int = DEFAULT_SHARD_BYTES, shard_writers: int = DEFAULT_SHARD_WRITERS):
+                 shard_bytes: int = DEFAULT_SHARD_BYTES, shard_writers: int | None = None):
         self.root = Path(root)
         self.part = part
         self.storage = storage_for(storage)
@@ -95,7 +95,7 @@ class DumpWriter:
         self._shard_bytes = 0
         self._records: list[Record] = []
         self._tokens: list[TokenBatch] = []
-        self._shard_writers = _ShardWriters(shard_writers, name=f"tdiff-shards-{part}")
+        self._shard_writers = _ShardWriters(shard_writers or DEFAULT_SHARD_WRITERS, name=f"tdiff-shards-{part}")
         self._last_shard: Future | None = None  # journals its records after every shard before it
         self._thread = threading.Thread(target=self._run, name=f"tdiff-writer-{part}", daemon=True)
         self._thread.start()
@@ -309,10 +309,12 @@ class _ShardWriters:
         _yield_to_the_model()
         while (job := self._jobs.get()) is not None:
             future, fn, args = job
+            del job   # an idle thread keeps no shard's records alive until its next job
             try:
                 future.set_result(fn(*args))
             except BaseException as exc:  # noqa: BLE001 - the waiting writer re-raises it
                 future.set_exception(exc)
+            del future, fn, args
 
 
 def _yield_to_the_model() -> None:

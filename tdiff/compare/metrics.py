@@ -62,6 +62,9 @@ _WITHOUT_NEGATIVE_ZERO = frozenset({torch.float8_e4m3fnuz, torch.float8_e5m2fnuz
 # whose product must stay within float64 (2^1024) over any number of chunks
 _SQUARES_LIMIT = 2.0 ** 400
 _SCALED_EXPONENT = 190   # scaled values stay below 2^190: their squares below 2^380, a chunk's sum below 2^400
+# a chunk's sum of squares (in its dtype) below this is summed again, scaled: float32 squares of
+# values under 2^-63 are subnormal or 0
+_SQUARES_FLOOR = 2.0 ** -100
 
 
 @dataclass(frozen=True)
@@ -339,9 +342,11 @@ class _SquareSums:
     """|a|^2, |b|^2 and |a-b|^2 over the chunks folded in, for the cosine, which is the same whatever
     power of two scales all three: they are held divided by 4^shift. A chunk's sums are computed in
     its values' dtype; where they pass it (float32 values past ~1.8e19) or _SQUARES_LIMIT (float64
-    values past ~1e60) they are computed again in float64 over the values times 2^-shift, shift
-    raised so that the largest stays below 2^_SCALED_EXPONENT (exact, but for values that vanish
-    beside the largest)."""
+    values past ~1e60), or where its squares vanish in it (float32 values under ~1e-19 square to
+    subnormals or 0, whose norms gave a cosine of 0), they are computed again in float64 over the
+    values times 2^-shift, shift set so that the largest comes near 2^_SCALED_EXPONENT: raised
+    where it must be (values that vanish beside the largest are lost), lowered (negative) only
+    while nothing but zeros is held."""
 
     def __init__(self) -> None:
         self.a = self.b = self.diff = 0.0
@@ -350,11 +355,14 @@ class _SquareSums:
     def add(self, a: np.ndarray, b: np.ndarray, diff: np.ndarray) -> None:
         """Fold in a chunk's finite values on both sides and their absolute differences."""
         sums = _sums_of_squares(a, b, diff)
-        if not _fit(sums):
-            a, b = self._scaled_down(a, b)
-            sums = _sums_of_squares(a, b, np.abs(a - b))
-        elif self.shift:
-            sums = [math.ldexp(s, -2 * self.shift) for s in sums]
+        vanished = min(sums[0], sums[1]) < _SQUARES_FLOOR
+        if self.shift:
+            sums = [_times_power_of_two(s, -2 * self.shift) for s in sums]
+        if vanished or not _fit(sums):
+            scaled = self._rescaled(a, b)
+            if scaled is not None:
+                a, b = scaled
+                sums = _sums_of_squares(a, b, np.abs(a - b))
         self._fold(*sums)
 
     def add_equal(self, values: np.ndarray) -> None:
@@ -363,25 +371,39 @@ class _SquareSums:
         if not math.isfinite(square):  # an infinity or NaN (the cosine covers the finite elements), or overflow
             values = values[np.isfinite(values)]
             (square,) = _sums_of_squares(values)
-        if not _fit([square]):
-            (square,) = _sums_of_squares(*self._scaled_down(values))
-        elif self.shift:
-            square = math.ldexp(square, -2 * self.shift)
+        vanished = square < _SQUARES_FLOOR
+        if self.shift:
+            square = _times_power_of_two(square, -2 * self.shift)
+        if vanished or not _fit([square]):
+            scaled = self._rescaled(values)
+            if scaled is not None:
+                (square,) = _sums_of_squares(*scaled)
         self._fold(square, square, 0.0)
 
-    def _scaled_down(self, *arrays: np.ndarray) -> list[np.ndarray]:
-        """The arrays (finite) in float64 times 2^-shift, shift first raised as far as their largest needs."""
+    def _rescaled(self, *arrays: np.ndarray) -> list[np.ndarray] | None:
+        """The arrays (finite) in float64 times 2^-shift, the shift first set for their largest;
+        None where they are all zeros (their sums, as computed, are exact)."""
         largest = max(_max_magnitude(x) for x in arrays)
-        shift = max(self.shift, math.frexp(largest)[1] - _SCALED_EXPONENT)
-        if shift > self.shift:
-            self.a, self.b, self.diff = (math.ldexp(s, 2 * (self.shift - shift)) for s in (self.a, self.b, self.diff))
-            self.shift = shift
+        if not largest:
+            return None
+        wanted = math.frexp(largest)[1] - _SCALED_EXPONENT
+        if wanted > self.shift or not (self.a or self.b):
+            self.a, self.b, self.diff = (math.ldexp(s, 2 * (self.shift - wanted)) for s in (self.a, self.b, self.diff))
+            self.shift = wanted
         return [np.ldexp(x.astype(np.float64), -self.shift) for x in arrays]
 
     def _fold(self, square_a: float, square_b: float, square_diff: float) -> None:
         self.a += square_a
         self.b += square_b
         self.diff += square_diff
+
+
+def _times_power_of_two(value: float, exponent: int) -> float:
+    """value * 2^exponent, inf past float64's max (math.ldexp raises there)."""
+    try:
+        return math.ldexp(value, exponent)
+    except OverflowError:
+        return math.inf
 
 
 def _sums_of_squares(*arrays: np.ndarray) -> list[float]:

@@ -118,3 +118,42 @@ def test_compare_json_reports_a_divergence_of_overflowing_values(tmp_path):
     metrics = report["tensors"][0]["metrics"]
     assert report["tensors"][0]["status"] == "mismatch" and report["first_divergence"]["name"] == "large"
     assert metrics["cosine"] == pytest.approx(exact_cosine(a, b), abs=1e-12) and metrics["cosine"] < 1.0
+
+
+TINY = [1e-20, 1e-30, 1e-39]   # float32 squares: below its smallest normal, 0, 0 (1e-39 is itself subnormal)
+FLOAT64_TINY = [1e-160, 1e-250, 1e-310]
+
+
+@pytest.mark.parametrize("dtype", WIDE_RANGE, ids=str)
+@pytest.mark.parametrize("scale", TINY)
+@pytest.mark.parametrize("case", ["opposite", "orthogonal", "angle"])
+def test_the_cosine_of_values_whose_squares_vanish_in_float32_is_theirs(dtype, scale, case):
+    # their squares summed in float32 were 0: the cosine came out 0, however close the tensors
+    a, b = pairs(scale, dtype)[case]
+    assert (a != 0).any()
+    m = compare_tensors(a, b)
+    assert m.cosine == pytest.approx(exact_cosine(a, b), abs=1e-12) and m.cosine < 1.0
+
+
+@pytest.mark.parametrize("scale", FLOAT64_TINY)
+def test_the_cosine_of_tiny_float64_values_is_theirs(scale):
+    a, b = pairs(scale, torch.float64)["angle"]
+    assert compare_tensors(a, b).cosine == pytest.approx(exact_cosine(a, b), abs=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [*WIDE_RANGE, torch.float64], ids=str)
+@pytest.mark.parametrize("order", ["tiny first", "ordinary first"])
+def test_chunks_of_tiny_and_ordinary_values_sum_to_the_cosine_of_all(monkeypatch, dtype, order):
+    from tdiff.compare import metrics
+
+    tiny = 1e-30 if dtype != torch.float64 else 1e-300
+    monkeypatch.setattr(metrics, "CHUNK_ELEMENTS", 2)
+    small = [[0.5 * tiny, -0.25 * tiny], [0.5 * tiny, 0.25 * tiny]]   # differ in one sign
+    ordinary = [[1.0, 2.0], [1.0, 3.0]]
+    chunks = (small, ordinary) if order == "tiny first" else (ordinary, small)
+    a = torch.tensor(chunks[0][0] + chunks[1][0], dtype=torch.float64).to(dtype)
+    b = torch.tensor(chunks[0][1] + chunks[1][1], dtype=torch.float64).to(dtype)
+    assert compare_tensors(a, b).cosine == pytest.approx(exact_cosine(a, b), abs=1e-12)
+    only_tiny = torch.tensor(small[0], dtype=torch.float64).to(dtype), torch.tensor(small[1], dtype=torch.float64).to(dtype)
+    cosine = compare_tensors(*only_tiny).cosine
+    assert cosine == pytest.approx(exact_cosine(*only_tiny), abs=1e-12) and cosine < 1.0

@@ -31,7 +31,7 @@ import torch
 
 import tdiff
 from tdiff.store.dtypes import dtype_name
-from tdiff.store.fingerprint import xxh3_fingerprint
+from tdiff.store.fingerprint import host_copy_summary, xxh3_fingerprint
 from tdiff.store.manifest import create_dump, new_part_id
 from tdiff.store.record import Record
 from tdiff.store.storage import STORAGES
@@ -44,7 +44,7 @@ from tdiff.errors import TdiffError
 from tdiff.hooks.active import active_capture, set_active
 from tdiff.hooks.annotations import annotate, annotating_framework, registrations
 from tdiff.hooks.cuda_graphs import DEFAULT_GRAPH_BUDGET, GraphRecorder, install_graph_hooks
-from tdiff.hooks.device import Summarizer, host_copy
+from tdiff.hooks.device import Summarizer, Summary, host_copy
 from tdiff.hooks.naming import ModulePaths, flatten_call_inputs, flatten_tensors, tensor_name
 from tdiff.hooks.ops import OpRecorder, OpTracer
 from tdiff.hooks.selection import Selection
@@ -97,13 +97,12 @@ class _Site:
 class _Seen:
     """A stored record of a tensor object, for the records of that object that may follow."""
 
-    __slots__ = ("tensor", "version", "pending", "stored", "fingerprint")
+    __slots__ = ("tensor", "version", "pending", "fingerprint")
 
-    def __init__(self, tensor, version, pending, stored, fingerprint):
+    def __init__(self, tensor, version, pending, fingerprint):
         self.tensor, self.version = tensor, version   # weak reference, _version
         self.pending = pending            # the record's item: an alias takes its contents from it
-        self.stored = stored              # weak reference to the host copy the writer holds (full mode)
-        self.fingerprint = fingerprint    # XXH3 of the bytes stored or summarised (computed when needed)
+        self.fingerprint = fingerprint    # XXH3 of the bytes stored or summarised
 
 
 class Capture:
@@ -466,18 +465,26 @@ class Capture:
         elif seen is not None:
             self.writer.submit(Pending(record=record, original=seen.pending))
         elif self.mode == "full":
-            summary = self._summaries.snapshot_summary(tensor)  # statistics from the GPU, if it holds it
-            host, ready = host_copy(tensor)
+            if device.type == "cpu":
+                # summarised here as it is copied: the copy is read from the cache, and the writer's
+                # torch ops would compete with the model's threads for the cores
+                host, stats, fingerprint = host_copy_summary(tensor)
+                summary, ready = Summary(stats, fingerprint), None
+            else:
+                summary = self._summaries.snapshot_summary(tensor)  # statistics from the GPU, if it holds it
+                host, ready = host_copy(tensor)
+                fingerprint = None
             data = host.view(tensor.dtype).reshape(tensor.shape)
             pending = Pending(record=record, data=data, ready=ready, nbytes=host.numel(), summary=summary)
             self.writer.submit(pending)
-            self._remember(original, pending, tensor, stored=data)
+            if fingerprint is not None:
+                self._remember(original, pending, tensor, fingerprint)
         else:
             summary = self._summaries.summarize(tensor)
             pending = Pending(record=record, summary=summary)
             self.writer.submit(pending)
             if device.type == "cpu":  # a host summary is complete at once: no wait
-                self._remember(original, pending, tensor, fingerprint=summary.resolve(record)[1])
+                self._remember(original, pending, tensor, summary.resolve(record)[1])
         return seq
 
     def _alias_of(self, original: torch.Tensor, tensor: torch.Tensor) -> _Seen | None:
@@ -486,26 +493,21 @@ class Capture:
 
         Identity and autograd's version counter only nominate the earlier record: a write through
         ``.data``, a numpy or DLPack view or a raw pointer (Triton) leaves the version as it was,
-        so the bytes are checked too: their XXH3 fingerprint against that of the host copy stored
-        then (while the writer still holds it) or, in stats mode, of the bytes summarised then."""
+        so the bytes are checked too: their XXH3 fingerprint against that of the bytes stored or
+        summarised then."""
         seen = self._aliases.get(id(original))
         if seen is None or seen.tensor() is not original or seen.version != original._version:
             return None
-        if seen.fingerprint is None:  # full mode: hash the copy stored then, once
-            stored = seen.stored()
-            if stored is None:
-                return None
-            seen.fingerprint = xxh3_fingerprint(stored)
         # XXH3-128 reads each byte once, at memory speed (a byte-by-byte comparison is slower)
         if seen.fingerprint != xxh3_fingerprint(tensor):
             return None
         return seen
 
-    def _remember(self, original: torch.Tensor, pending: Pending, tensor: torch.Tensor, *,
-                  stored: torch.Tensor | None = None, fingerprint: str | None = None) -> None:
-        """Note a submitted record for later records of the same tensor object: an alias names the
-        item it aliases, never only a seq, so the writer needs no table of every record (which grew
-        with every step) and an alias another thread found across a step's end still resolves.
+    def _remember(self, original: torch.Tensor, pending: Pending, tensor: torch.Tensor, fingerprint: str) -> None:
+        """Note a submitted record of a CPU tensor whose bytes had the XXH3 ``fingerprint``, for later
+        records of the same tensor object: an alias names the item it aliases, never only a seq, so
+        the writer needs no table of every record (which grew with every step) and an alias another
+        thread found across a step's end still resolves.
         Inference tensors carry no version counter, and a CUDA tensor's bytes could only be checked
         by one more device digest per record (its host copy or summary is still on its way when the
         next record comes): those are always stored again."""
@@ -513,13 +515,11 @@ class Capture:
             return
         key = id(original)
         aliases = self._aliases
-        # the weak reference to the stored copy dies once the writer has written its shard
 
         def forget(_: weakref.ref) -> None:
             aliases.pop(key, None)
 
-        aliases[key] = _Seen(weakref.ref(original, forget), original._version,
-                             pending, weakref.ref(stored) if stored is not None else None, fingerprint)
+        aliases[key] = _Seen(weakref.ref(original, forget), original._version, pending, fingerprint)
 
     def _current_rank(self) -> int:
         """torch.distributed's rank once it is initialised (then fixed), before that $RANK.

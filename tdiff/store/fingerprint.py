@@ -179,9 +179,24 @@ def host_summary(tensor: torch.Tensor) -> tuple[list[float], str]:
     return stats, "xxh3:" + hasher.hexdigest()
 
 
-def _chunked_stats(t: torch.Tensor, hasher) -> list[float]:
+def host_copy_summary(tensor: torch.Tensor) -> tuple[torch.Tensor, list[float], str]:
+    """A copy of a CPU tensor's bytes (uint8, contiguous), with :func:`host_summary` of them: each
+    chunk is copied, then summarised and hashed while the copy has it in the cache (full mode's
+    capture: the tensor is read from memory once, not three times)."""
+    t = _numeric(tensor)
+    if t is None or t.dtype != tensor.dtype or not t.is_contiguous() or t.numel() < 2:
+        raw = to_bytes_view(tensor)  # a fresh contiguous copy already when the tensor was strided
+        return (raw.clone() if tensor.is_contiguous() else raw), *host_summary(tensor)
+    copy = torch.empty(t.numel() * t.element_size(), dtype=torch.uint8)
+    hasher = xxhash.xxh3_128(_shape_tag(dtype_name(t.dtype), t.shape))
+    stats = _chunked_stats(t, hasher, copy.view(t.dtype))
+    return copy, stats, "xxh3:" + hasher.hexdigest()
+
+
+def _chunked_stats(t: torch.Tensor, hasher, into: torch.Tensor | None = None) -> list[float]:
     """:func:`host_stats` of ``t``, as :func:`_numeric` gives it; with ``hasher``, also fed its
-    bytes chunk by chunk (``t`` is then the tensor itself, contiguous: its chunks are its bytes)."""
+    bytes chunk by chunk (``t`` is then the tensor itself, contiguous: its chunks are its bytes);
+    with ``into`` (and ``hasher``), each chunk is copied there first and read from the copy."""
     # float32 accumulation (cascade-summed by torch) is ten times faster than float64 on CPU
     # and plenty for diagnostics; float64 tensors keep float64; the chunks' sums add up in Python
     acc = torch.float64 if t.dtype == torch.float64 else torch.float32
@@ -189,7 +204,11 @@ def _chunked_stats(t: torch.Tensor, hasher) -> list[float]:
     total = abs_total = 0.0
     lo, hi = math.inf, -math.inf
     finite = True
-    for part in (flat,) if flat.numel() <= _CHUNK else flat.split(_CHUNK):
+    parts = (flat,) if flat.numel() <= _CHUNK else flat.split(_CHUNK)
+    copies = (None,) * len(parts) if into is None else (into,) if len(parts) == 1 else into.split(_CHUNK)
+    for part, copy in zip(parts, copies):
+        if copy is not None:
+            part = copy.copy_(part)
         if hasher is not None:
             hasher.update(part.view(torch.uint8).numpy().data)
         if finite:

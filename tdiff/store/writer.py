@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from tdiff.store.fingerprint import host_summary, stats_dict, xxh3_fingerprint
+from tdiff.store.fingerprint import fingerprint_algorithm, host_summary, stats_dict, xxh3_fingerprint
 from tdiff.store.manifest import DATA_DIR, ManifestJournal
 from tdiff.store.record import Record
 from tdiff.store.storage import storage_for
@@ -214,8 +214,10 @@ class DumpWriter:
             record.set_contents(original.stats, original.fingerprint, original.file, original.key)
         elif data is not None:
             key = f"t{record.seq}"
-            if item.summary is not None:  # statistics the GPU computed: only the bytes to hash here
-                stats, fingerprint = item.summary.resolve(record)[0], xxh3_fingerprint(data)
+            if item.summary is not None:  # made as the tensor was copied
+                stats, fingerprint = item.summary.resolve(record)
+                if fingerprint_algorithm(fingerprint) != "xxh3":  # the GPU's statistics: the bytes hashed here
+                    fingerprint = xxh3_fingerprint(data)
             else:
                 values, fingerprint = host_summary(data)  # one pass over the copy for both
                 stats = stats_dict(values)

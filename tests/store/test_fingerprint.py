@@ -230,6 +230,22 @@ def test_host_summary_is_host_stats_and_the_xxh3_fingerprint_in_one_pass(case):
     assert stats[4:] == expected[4:]
 
 
+@pytest.mark.parametrize("case", list(_chunked_cases()))
+def test_host_copy_summary_is_a_copy_of_the_bytes_with_their_host_summary(case):
+    # full mode's capture of a CPU tensor: the copy is the bytes the writer stores, the summary theirs
+    from tdiff.store.dtypes import to_bytes_view
+
+    t = _chunked_cases()[case]
+    copy, stats, digest = fingerprint.host_copy_summary(t)
+    assert copy.dtype == torch.uint8 and copy.is_contiguous()
+    assert torch.equal(copy, to_bytes_view(t))
+    if t.numel() and t.is_contiguous():
+        assert copy.data_ptr() != t.data_ptr()  # its own memory: later writes to the tensor do not reach it
+    assert digest == fingerprint.xxh3_fingerprint(t)
+    expected = fingerprint.host_summary(t)[0]
+    assert stats == pytest.approx(expected, nan_ok=True) and stats[4:] == expected[4:]
+
+
 @pytest.mark.parametrize("case", ["float32, 3 chunks", "NaN in the last chunk", "-inf in the second chunk"])
 def test_host_stats_over_several_chunks_are_the_tensors(case):
     t = _chunked_cases()[case]

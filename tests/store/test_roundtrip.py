@@ -92,6 +92,25 @@ def test_natively_typed_tensors_open_with_their_dtype_in_plain_safetensors(tmp_p
     assert {str(t.dtype) for t in stored.values()} == {str(t.dtype) for t in tensors.values()}
 
 
+def test_a_shard_tdiff_writes_is_the_one_safetensors_writes(tmp_path):
+    # tdiff hands safetensors' serializer each tensor's address (save_file's checks cost too much
+    # on pinned memory): every dtype, a 0-d and an empty tensor come out as save_file's, byte for byte
+    from safetensors.torch import load_file, save_file
+
+    from tdiff.store.storage import SAFETENSORS_DTYPES, SafetensorsStorage
+
+    g = torch.Generator().manual_seed(3)
+    tensors = {name: (torch.randn(3, 5, generator=g) * 50).to(dtype) for name, dtype in SAFETENSORS_DTYPES.items()}
+    tensors |= {"0-d": torch.tensor(2.5), "empty": torch.empty(0, 4)}
+    SafetensorsStorage().write(tmp_path / "tdiff.safetensors", tensors)
+    save_file(tensors, str(tmp_path / "plain.safetensors"))
+    assert (tmp_path / "tdiff.safetensors").read_bytes() == (tmp_path / "plain.safetensors").read_bytes()
+    loaded = load_file(str(tmp_path / "tdiff.safetensors"))
+    for name, tensor in tensors.items():
+        assert loaded[name].dtype == tensor.dtype and loaded[name].shape == tensor.shape
+        assert torch.equal(to_bytes_view(loaded[name]), to_bytes_view(tensor)), name
+
+
 def test_a_loaded_tensor_is_writable_without_touching_its_shard_and_holds_no_memory_once_dropped(tmp_path):
     original = torch.arange(5000, dtype=torch.float32)
     with tdiff.capture(tmp_path / "d"):

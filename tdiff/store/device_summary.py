@@ -195,9 +195,17 @@ def _group_summary_kernel(dtype_witness, partial_f, partial_i, finished, out_f, 
 
 
 def fused_summary_supported(tensor: torch.Tensor) -> bool:
-    return (tensor.dtype in FUSED_DTYPES and tensor.is_contiguous() and tensor.numel() > 0
-            and (tensor.numel() * tensor.element_size()) % 8 == 0
-            and tensor.storage_offset() * tensor.element_size() % 8 == 0)
+    """Whether the fused kernels take the tensor: a dtype they read, contiguous, and whole 8-byte
+    words from a word boundary (stats mode asks this of every tensor: the cheap tests first)."""
+    size = _ITEM_BYTES.get(tensor.dtype)
+    if size is None:
+        return False
+    numel = tensor.numel()
+    return (numel > 0 and numel * size % 8 == 0 and tensor.storage_offset() * size % 8 == 0
+            and tensor.is_contiguous())
+
+
+_ITEM_BYTES = {dtype: dtype.itemsize for dtype in FUSED_DTYPES}
 
 
 def fused_summary_into(tensor: torch.Tensor, out: torch.Tensor, finished: torch.Tensor) -> None:

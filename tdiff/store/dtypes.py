@@ -28,7 +28,13 @@ FLOAT_BITS = {
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+    name = _dtype_names.get(dtype)   # capture names a tensor's dtype for every record
+    if name is None:
+        name = _dtype_names[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
+_dtype_names: dict[torch.dtype, str] = {}
 
 
 def torch_dtype(name: str) -> torch.dtype:

@@ -9,6 +9,7 @@ shape rebuild it bit-exactly.
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import math
 import mmap
@@ -104,9 +105,25 @@ class _SafetensorsShard:
             try:
                 mapped = _map_copy_on_write(file.fileno(), start + nbytes - mapped_from, mapped_from)
             except OSError as exc:
-                raise DumpError(f"{self._path}: cannot map tensor {key!r} ({exc.strerror})") from None
+                if exc.errno != errno.ENOMEM:
+                    raise DumpError(f"{self._path}: cannot map tensor {key!r} ({exc.strerror})") from None
+                # past the process's limit of maps (vm.max_map_count, ~65k: a map per tensor held)
+                return _read_bytes(file, start, nbytes, f"{self._path}: tensor {key!r}")
         # the tensor keeps the map alive and the map ends with it; copy-on-write, so writable
         return torch.frombuffer(mapped, dtype=torch.uint8, count=nbytes, offset=start - mapped_from)
+
+
+def _read_bytes(file, start: int, nbytes: int, what: str) -> torch.Tensor:
+    """``nbytes`` of the file from ``start``, read into memory of their own."""
+    data = torch.empty(nbytes, dtype=torch.uint8)
+    view = data.numpy().data
+    done = 0
+    while done < nbytes:
+        count = os.preadv(file.fileno(), [view[done:]], start + done)
+        if count == 0:
+            raise DumpError(f"{what}: the file ends before it; the file is truncated or corrupted")
+        done += count
+    return data
 
 
 def _map_copy_on_write(fd: int, length: int, offset: int) -> ctypes.Array:

@@ -163,3 +163,27 @@ def test_loaded_tensors_hold_no_open_files(tmp_path):
     loaded = {record.name: dump.load(record) for record in dump.records}
     assert open_files() == before
     assert all(torch.equal(tensor, torch.full((300,), float(name[1:]))) for name, tensor in loaded.items())
+
+
+def test_past_the_limit_of_maps_a_tensor_is_read_instead(tmp_path, monkeypatch):
+    # each loaded tensor is a map of its own; past vm.max_map_count (~65k held) mmap answers
+    # ENOMEM, which was reported as a corrupted dump: the bytes are read into memory instead
+    import errno
+
+    from tdiff.store import storage
+
+    tensors = {f"t{i}": torch.arange(i * 1000.0, i * 1000 + 5000 + i) for i in range(3)}
+    with tdiff.capture(tmp_path / "d", mode="full"):
+        for name, tensor in tensors.items():
+            tdiff.dump(name, tensor)
+    dump = open_dump(tmp_path / "d")
+
+    def no_more_maps(fd, length, offset):
+        raise OSError(errno.ENOMEM, os.strerror(errno.ENOMEM))
+
+    monkeypatch.setattr(storage, "_map_copy_on_write", no_more_maps)
+    for record in dump.records:
+        loaded = dump.load(record)
+        assert torch.equal(loaded, tensors[record.name])
+        loaded.add_(1)  # its own memory: writable
+    assert torch.equal(dump.load(dump.records[0]), tensors["t0"])

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from tdiff.store.fingerprint import fingerprint_algorithm, host_summary, stats_dict, xxh3_fingerprint
+from tdiff.store.fingerprint import ONE_THREAD_CHUNK, fingerprint_algorithm, host_summary, stats_dict, xxh3_fingerprint
 from tdiff.store.manifest import DATA_DIR, ManifestJournal
 from tdiff.store.record import Record
 from tdiff.store.storage import storage_for
@@ -219,7 +219,7 @@ class DumpWriter:
                 if fingerprint_algorithm(fingerprint) != "xxh3":  # the GPU's statistics: the bytes hashed here
                     fingerprint = xxh3_fingerprint(data)
             else:
-                values, fingerprint = host_summary(data)  # one pass over the copy for both
+                values, fingerprint = host_summary(data, chunk=ONE_THREAD_CHUNK)  # one pass for both
                 stats = stats_dict(values)
             record.set_contents(stats, fingerprint, self._shard_name(), key)
             self._shard[key] = data

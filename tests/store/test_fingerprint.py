@@ -6,6 +6,7 @@ and tests/hooks/test_cuda_capture.py (on a GPU)."""
 
 import json
 import math
+import os
 import struct
 
 import pytest
@@ -256,3 +257,43 @@ def test_host_stats_over_several_chunks_are_the_tensors(case):
     assert mean == pytest.approx(float(finite.mean()), abs=1e-6)
     assert abs_mean == pytest.approx(float(finite.abs().mean()), rel=1e-6)
     assert (nans, infs) == (int(torch.isnan(t).sum()), int(torch.isinf(t).sum()))
+
+
+def _other_threads_cpu_seconds() -> float:
+    """CPU time of this process's threads other than the calling one (Linux /proc)."""
+    import threading
+
+    me = threading.get_native_id()
+    total = 0
+    for task in os.listdir("/proc/self/task"):
+        if int(task) != me:
+            with open(f"/proc/self/task/{task}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (clock ticks)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task") or torch.get_num_threads() < 2,
+                    reason="needs Linux's /proc and torch running on more than one thread")
+def test_the_writers_summaries_run_on_the_calling_thread_alone():
+    # the writer summarises beside the model: torch's own threads would take the model's cores
+    import time
+
+    t = torch.randn(8 << 20, generator=torch.Generator().manual_seed(5))
+    stats, digest = fingerprint.host_summary(t, chunk=fingerprint.ONE_THREAD_CHUNK)
+    assert digest == fingerprint.xxh3_fingerprint(t)
+    expected = fingerprint.host_stats(t)
+    assert stats[:2] == expected[:2] and stats[4:] == expected[4:]
+    assert stats[2:4] == pytest.approx(expected[2:4], rel=1e-6)
+
+    def cpu_seconds_of_others_and_caller(chunk: int) -> tuple[float, float]:
+        time.sleep(0.5)  # torch's threads stop spinning after a parallel op
+        others, caller = _other_threads_cpu_seconds(), time.thread_time()
+        for _ in range(20):
+            fingerprint.host_summary(t, chunk=chunk)
+        return _other_threads_cpu_seconds() - others, time.thread_time() - caller
+
+    others, caller = cpu_seconds_of_others_and_caller(fingerprint._CHUNK)
+    assert others > 0.2 * caller   # the default: torch's threads share the work
+    others, caller = cpu_seconds_of_others_and_caller(fingerprint.ONE_THREAD_CHUNK)
+    assert others < 0.05 * caller + 0.02   # one clock tick (10 ms) of slack, and a little more

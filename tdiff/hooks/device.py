@@ -131,8 +131,8 @@ class Summarizer:
     def snapshot_summary(self, tensor: torch.Tensor) -> Summary | None:
         """Full mode: the statistics of a large GPU tensor the fused kernel takes, computed on the
         GPU as the tensor is now and sent to the host at once (the writer then only hashes and
-        writes the host copy); None for any other tensor (the writer computes its statistics: for
-        a small one that costs less than a launch and a copy)."""
+        writes the host copy); None for any other tensor (the writer computes its statistics from
+        the host copy, beside the model, instead of a launch and a copy on the model's thread)."""
         kernels = _kernels()
         if (tensor.device.type != "cuda" or tensor.numel() < _DEVICE_STATS_MIN_ELEMENTS or kernels is None
                 or not kernels.fused_summary_supported(tensor)):

@@ -1,10 +1,11 @@
 """The background writer: one per capturing process.
 
-Hooks hand over host copies (or, for device tensors, pinned copies still in flight plus a CUDA
-event, and statistics the GPU computed), a handful at a time; the writer thread fingerprints them
-and fills size-capped shards; shard writer threads write several shards at once, rename each into
-place and append their records to the manifest journal in shard order, each only once its shard
-is in place.
+Hooks hand over host copies with their statistics and fingerprint (or, for device tensors, pinned
+copies still in flight plus a CUDA event, and statistics the GPU computed for large ones), a handful
+at a time; the writer thread completes what the hook left out (fingerprints, statistics on the
+calling thread alone) and fills size-capped shards; shard writer threads write several shards at
+once, rename each into place and append their records to the manifest journal in shard order, each
+only once its shard is in place.
 Pinned copies are written as they are and handed back to torch's pinned-memory cache once their
 shard is written: no second host copy.
 

@@ -114,9 +114,7 @@ class ManifestJournal:
                      **header})
 
     def _write(self, *lines: dict) -> None:
-        # orjson: the same compact UTF-8 lines as json's, a tenth of the time (the writer encodes
-        # a line per captured tensor, half its work with json)
-        self._file.write(b"".join(orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE) for line in lines))
+        self._file.write(b"".join(_encode(line) for line in lines))
         self._file.flush()
 
     def append(self, records: list[Record], tokens: Sequence[TokenBatch] = ()) -> None:
@@ -132,6 +130,16 @@ class ManifestJournal:
 
     def close(self) -> None:
         self._file.close()
+
+
+def _encode(line: dict) -> bytes:
+    """One manifest line. orjson writes the same compact JSON as json's encoder in a tenth of the
+    time (the writer encodes a line per captured tensor: half its work with json); json writes
+    what orjson refuses (an integer past 64 bits, a key that is not a string)."""
+    try:
+        return orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE)
+    except TypeError:
+        return (json.dumps(line, separators=(",", ":")) + "\n").encode()
 
 
 @dataclass
@@ -161,14 +169,16 @@ def read_part(path: Path) -> Part:
     for number, raw in bounded_lines(path, "manifest"):
         truncated = not raw.endswith(b"\n")  # only the last line can lack its newline
         try:
-            entry = orjson.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, orjson.JSONDecodeError) as exc:
+            # json, not orjson: orjson reads an integer past 64 bits (a request id) as a float
+            entry = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             if number == 1 and not raw.strip():
                 raise DumpError(f"{where}: {_EMPTY}") from None
             if truncated:
                 part.problem = f"manifest {path.name} ends mid-record: its process died while writing"
                 break
-            what = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else "not valid JSON"
+            what = {UnicodeDecodeError: "not UTF-8 text", RecursionError: "nested too deeply"}.get(
+                type(exc), "not valid JSON")
             raise DumpError(f"{where} line {number}: {what} (corrupted manifest)") from None
         if not isinstance(entry, dict):
             raise DumpError(f"{where} line {number}: not a JSON object (corrupted manifest)")

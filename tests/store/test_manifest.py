@@ -125,3 +125,26 @@ def test_not_a_dump(tmp_path):
         open_dump(tmp_path / "plain")
     with pytest.raises(DumpError, match="no such dump directory"):
         open_dump(tmp_path / "missing")
+
+
+def test_request_ids_past_64_bits_and_keys_that_are_not_strings_are_journaled_as_json_writes_them(tmp_path):
+    # the journal's fast encoder (orjson) refuses both; they are written, and read back, exactly
+    from tdiff.store.manifest import ManifestJournal, _encode, read_part
+    from tdiff.store.tokens import TokenBatch
+
+    (tmp_path / MANIFEST_DIR).mkdir()
+    journal = ManifestJournal(tmp_path, "p0", {"side": "a"})
+    big = 2**100 + 1   # uuid.uuid4().int as a request id, say
+    batch = TokenBatch(step=0, rank=0, shape=(2,), input_ids=[5, 6], positions=[0, 0], seqs=[0, 1], sequences=2,
+                       seq_ids=[big, big + 1])
+    record = Record(seq=0, name="x", module="", role="explicit", step=0, call=0, rank=0, dtype="float32",
+                    shape=(2,), attrs={"ids": [big], 3: "three"})
+    journal.append([record], [batch])
+    journal.end(1)
+    part = read_part(tmp_path / MANIFEST_DIR / "p0.jsonl")
+    assert part.problem is None
+    assert part.tokens[0].seq_ids == [big, big + 1]   # integers, not floats rounded to 53 bits
+    assert part.records[0].attrs == {"ids": [big], "3": "three"}
+    plain = Record(seq=1, name="y", module="", role="explicit", step=0, call=0, rank=0, dtype="float32", shape=(2,))
+    line = {"type": "record", **plain.to_json()}
+    assert _encode(line) == (json.dumps(line, separators=(",", ":")) + "\n").encode()  # same bytes either way

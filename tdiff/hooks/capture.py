@@ -17,6 +17,7 @@ top level again (the next forward pass); once code calls :func:`step`, only that
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import os
 from importlib import metadata
@@ -194,7 +195,7 @@ class Capture:
 
     def _new_writer(self) -> DumpWriter:
         header = {"side": self.side, "mode": self.mode, "argv": sys.argv[:16],
-                  "torch": torch.__version__, "tdiff": tdiff.__version__, "versions": _versions()}
+                  "torch": torch.__version__, "tdiff": tdiff.__version__, "versions": dict(_versions())}
         try:
             return DumpWriter(self.root, new_part_id(), header, storage=self.storage,
                               max_pending_bytes=self.max_pending_bytes,
@@ -639,8 +640,11 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+@functools.cache
 def _versions() -> dict[str, str]:
-    """Installed versions of the frameworks whose numerics a report must name."""
+    """Installed versions of the frameworks whose numerics a report must name: looked up once a
+    process (importlib.metadata scans the installed distributions, ~10 ms every capture's start).
+    Read-only: callers copy it."""
     versions = {"torch": torch.__version__, "tdiff": tdiff.__version__}
     for package in ("transformers", "megatron-core", "sglang", "triton"):
         try:

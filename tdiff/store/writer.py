@@ -195,7 +195,7 @@ class DumpWriter:
             else:
                 for pending in item:
                     if self.failed:
-                        self._release(pending.nbytes)
+                        self._drop(pending)
                     else:
                         self._guarded(self._store, pending)
 
@@ -264,6 +264,12 @@ class DumpWriter:
         if self._last_shard is not None:
             self._last_shard.result()
 
+    def _drop(self, item: Pending) -> None:
+        """Forget an item that will not be written: its copy may outlive it otherwise (capture keeps
+        the item of a tensor that may be recorded again, as long as the tensor lives)."""
+        item.data = None
+        self._release(item.nbytes)
+
     def _release(self, nbytes: int) -> None:
         if nbytes:
             with self._space:
@@ -280,7 +286,8 @@ class DumpWriter:
             self._report(f"{reason}; capture stopped, the dump is marked incomplete")
             with self._handful_lock:  # no later submit hands the held copies over: free them now
                 dropped, self._handful, self._handful_bytes = self._handful, [], 0
-            self._release(sum(item.nbytes for item in dropped))
+            for item in dropped:
+                self._drop(item)
 
     @staticmethod
     def _report(message: str) -> None:

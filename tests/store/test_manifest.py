@@ -148,3 +148,18 @@ def test_request_ids_past_64_bits_and_keys_that_are_not_strings_are_journaled_as
     plain = Record(seq=1, name="y", module="", role="explicit", step=0, call=0, rank=0, dtype="float32", shape=(2,))
     line = {"type": "record", **plain.to_json()}
     assert _encode(line) == (json.dumps(line, separators=(",", ":")) + "\n").encode()  # same bytes either way
+
+
+@pytest.mark.parametrize("mode", ["stats", "full"])
+def test_infinite_statistics_read_back_as_computed(tmp_path, mode):
+    # orjson writes an infinite max as null, which reads back as "undefined": such lines go to json
+    from tdiff.store.fingerprint import host_stats, stats_dict
+
+    tensors = {"inf": torch.tensor([1.0, float("inf"), -2.0]), "both": torch.tensor([float("-inf"), float("inf")]),
+               "nan": torch.tensor([float("nan"), float("nan")]), "finite": torch.tensor([0.5, -1.5])}
+    with tdiff.capture(tmp_path / mode, mode=mode):
+        for name, tensor in tensors.items():
+            tdiff.dump(name, tensor)
+    stats = {r.name: r.stats for r in open_dump(tmp_path / mode).records}
+    assert stats == {name: stats_dict(host_stats(tensor)) for name, tensor in tensors.items()}
+    assert (stats["inf"]["min"], stats["inf"]["max"], stats["inf"]["inf"]) == (-2.0, float("inf"), 1)

@@ -218,14 +218,17 @@ def test_after_a_write_failure_no_copy_stays_held(tmp_path):
     writer.storage.write = failing_write
     writer.submit(_copy(0, 600_000))
     writer.flush()                      # its shard is on its way to disk, held at the gate
-    for seq in (1, 2, 3):
-        writer.submit(_copy(seq, 1000))  # held in this thread's handful
+    held = [_copy(seq, 1000) for seq in (1, 2, 3)]
+    for item in held:
+        writer.submit(item)  # held in this thread's handful
     gate.set()
     for _ in range(1000):
         if writer.failed and writer._pending_bytes == 0:
             break
         threading.Event().wait(0.01)
     assert writer.failed and writer._pending_bytes == 0
+    # nor do the items: capture keeps an item while its tensor may be recorded again
+    assert all(item.data is None for item in held)
     writer.close()
     with pytest.raises(DumpError, match="capture failed"):
         open_dump(tmp_path / "d")

@@ -478,14 +478,14 @@ class Capture:
             data = host.view(tensor.dtype).reshape(tensor.shape)
             pending = Pending(record=record, data=data, ready=ready, nbytes=host.numel(), summary=summary)
             self.writer.submit(pending)
-            if fingerprint is not None:
-                self._remember(original, pending, tensor, fingerprint)
+            if fingerprint is not None:  # a CPU tensor's
+                self._remember(original, pending, fingerprint)
         else:
             summary = self._summaries.summarize(tensor)
             pending = Pending(record=record, summary=summary)
             self.writer.submit(pending)
             if device.type == "cpu":  # a host summary is complete at once: no wait
-                self._remember(original, pending, tensor, summary.resolve(record)[1])
+                self._remember(original, pending, summary.resolve(record)[1])
         return seq
 
     def _alias_of(self, original: torch.Tensor, tensor: torch.Tensor) -> _Seen | None:
@@ -504,7 +504,7 @@ class Capture:
             return None
         return seen
 
-    def _remember(self, original: torch.Tensor, pending: Pending, tensor: torch.Tensor, fingerprint: str) -> None:
+    def _remember(self, original: torch.Tensor, pending: Pending, fingerprint: str) -> None:
         """Note a submitted record of a CPU tensor whose bytes had the XXH3 ``fingerprint``, for later
         records of the same tensor object: an alias names the item it aliases, never only a seq, so
         the writer needs no table of every record (which grew with every step) and an alias another
@@ -512,7 +512,7 @@ class Capture:
         Inference tensors carry no version counter, and a CUDA tensor's bytes could only be checked
         by one more device digest per record (its host copy or summary is still on its way when the
         next record comes): those are always stored again."""
-        if original.is_inference() or tensor.device.type != "cpu":
+        if original.is_inference():
             return
         key = id(original)
         aliases = self._aliases

@@ -237,8 +237,9 @@ def max_device_staging() -> int:
 
 
 def host_copy(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
-    """A host copy of the tensor's bytes as they are now, and the CUDA event that completes it
-    (None: complete).
+    """A host copy of the bytes of a tensor that is not on the CPU (a CPU tensor's is made with
+    its summary: :func:`tdiff.store.fingerprint.host_copy_summary`) as they are now, and the CUDA
+    event that completes it (None: complete).
 
     A CUDA tensor is snapshotted on its own stream, before anything queued after this call can
     write it (``out.add_(residual)`` right after the module returns): a device-side copy into
@@ -250,10 +251,7 @@ def host_copy(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | No
     """
     if tensor.device.type == "cuda" and tensor.numel():
         return _snapshot_to_host(tensor)
-    raw = to_bytes_view(tensor)  # a fresh contiguous copy already when the tensor was strided
-    if tensor.device.type != "cpu":
-        return raw.cpu(), None
-    return (raw.clone() if tensor.is_contiguous() else raw), None
+    return to_bytes_view(tensor).cpu(), None
 
 
 def _snapshot_to_host(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event]:

@@ -178,9 +178,8 @@ def host_summary(tensor: torch.Tensor, *, chunk: int = _CHUNK) -> tuple[list[flo
     passes ``chunk=ONE_THREAD_CHUNK``: torch then runs each op on the calling thread, where its own
     teams of threads would compete with the model's for the cores (on the GPU machine's 16 cores,
     0.6 ms a sum of a 1 x 128 activation)."""
-    t = _numeric(tensor)
-    # the values summarised are the tensor's own bytes only where _numeric converted nothing
-    if t is None or t.dtype != tensor.dtype or not t.is_contiguous() or t.numel() < 2:
+    t = _own_values(tensor)
+    if t is None:
         return host_stats(tensor), xxh3_fingerprint(tensor)
     hasher = xxhash.xxh3_128(_shape_tag(dtype_name(t.dtype), t.shape))
     stats = _chunked_stats(t, hasher, chunk=chunk)
@@ -191,14 +190,22 @@ def host_copy_summary(tensor: torch.Tensor) -> tuple[torch.Tensor, list[float], 
     """A copy of a CPU tensor's bytes (uint8, contiguous), with :func:`host_summary` of them: each
     chunk is copied, then summarised and hashed while the copy has it in the cache (full mode's
     capture: the tensor is read from memory once, not three times)."""
-    t = _numeric(tensor)
-    if t is None or t.dtype != tensor.dtype or not t.is_contiguous() or t.numel() < 2:
+    t = _own_values(tensor)
+    if t is None:
         raw = to_bytes_view(tensor)  # a fresh contiguous copy already when the tensor was strided
         return (raw.clone() if tensor.is_contiguous() else raw), *host_summary(tensor)
     copy = torch.empty(t.numel() * t.element_size(), dtype=torch.uint8)
     hasher = xxhash.xxh3_128(_shape_tag(dtype_name(t.dtype), t.shape))
     stats = _chunked_stats(t, hasher, copy.view(t.dtype))
     return copy, stats, "xxh3:" + hasher.hexdigest()
+
+
+def _own_values(tensor: torch.Tensor) -> torch.Tensor | None:
+    """The values to summarise where they are the tensor's own bytes, contiguous (its chunks are
+    then its bytes: hashed, or copied, with the statistics' pass): :func:`_numeric` converted
+    nothing. None where the statistics and the bytes need passes of their own."""
+    t = _numeric(tensor)
+    return t if t is not None and t.dtype == tensor.dtype and t.is_contiguous() and t.numel() > 1 else None
 
 
 def _chunked_stats(t: torch.Tensor, hasher, into: torch.Tensor | None = None, chunk: int = _CHUNK) -> list[float]:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from tdiff.store.dtypes import to_bytes_view
+from tdiff.store.dtypes import dtype_name, to_bytes_view
 from tdiff.store.files import open_regular
 from tdiff.store.manifest import STORAGES
 from tdiff.errors import DumpError
@@ -43,19 +43,18 @@ class SafetensorsStorage:
     suffix = "safetensors"
 
     def __init__(self):
-        # the dtype as safetensors' serializer names it (torch's name)
-        self._names = {dtype: str(dtype).removeprefix("torch.") for dtype in SAFETENSORS_DTYPES.values()}
+        self._native = set(SAFETENSORS_DTYPES.values())
 
     def write(self, path: Path, tensors: dict[str, torch.Tensor]) -> None:
         from safetensors import TensorSpec, serialize_file
 
-        names = self._names
-        storable = {key: t if t.dtype in names and t.is_contiguous() else to_bytes_view(t)
+        storable = {key: t if t.dtype in self._native and t.is_contiguous() else to_bytes_view(t)
                     for key, t in tensors.items()}
         # Not safetensors.torch.save_file: it asks every tensor for its storage, to refuse tensors
         # that share memory (~180 us a tensor for pinned memory on the GPU machine, a third of a
         # forward's writing there); each of these is a copy of its own, alive until this returns
-        specs = {key: TensorSpec(dtype=names[t.dtype], shape=list(t.shape), data_ptr=t.data_ptr(),
+        # (its dtype names are torch's)
+        specs = {key: TensorSpec(dtype=dtype_name(t.dtype), shape=list(t.shape), data_ptr=t.data_ptr(),
                                  data_len=t.numel() * t.element_size())
                  for key, t in storable.items()}
         _write_atomically(path, lambda tmp: serialize_file(specs, str(tmp)))

@@ -20,8 +20,9 @@ Rules:
   tolerance admits it. Its ULP distance is finite (the ordering above). An infinity against NaN
   follows the NaN rule.
 - The cosine covers the elements finite on both sides: NaN and infinities are left out of it.
-  Values whose squares pass the float32 (or float64) they are computed in still count in full: the
-  sums of squares of such a chunk are computed again in float64, scaled by a power of two.
+  Values whose squares pass the float32 (or float64) they are computed in, or vanish in it (float32
+  values under ~1e-19, float64 under ~1e-154), still count in full: the sums of squares of such a
+  chunk are computed again in float64, scaled by a power of two.
 - Finite float32 values whose difference passes float32's max (3e38 against -3e38) have their
   chunk computed in float64, which holds it: max_abs 6e38 and max_rel 2, not inf.
 - Under a tolerance an element matches when |a-b| <= atol + rtol*max(|a|,|b|), the same whichever

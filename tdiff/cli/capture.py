@@ -29,7 +29,7 @@ from tdiff.vocab.parse import parse_size
 @click.option("--format", "storage", type=click.Choice(list(STORAGES)), default="safetensors",
               show_default=True, help="Tensor file format.")
 @click.option("--max-pending", default="2GiB", show_default=True, metavar="SIZE",
-              help="Host memory pending writes may hold; capture waits at the cap.")
+              help="Host memory pending writes (copies of GPU tensors) may hold; capture waits at the cap.")
 @batch_row_option()
 @click.option("--graph-budget", default="1GiB", show_default=True, metavar="SIZE",
               help="GPU memory for the static buffers that record tensors inside CUDA graphs; past "

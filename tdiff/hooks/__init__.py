@@ -25,7 +25,7 @@ def capture(out_dir, *, side=None, select=(), exclude=(), layers=None, steps=Non
             module, every ATen op's output is recorded too, with the op's name, the Python function
             and source line that ran it and references to its inputs' records (tdiff.hooks.ops);
             bisect then names the op that introduced a divergence in that module's own code.
-        options: ``max_pending_bytes`` (host memory held by pending writes, default 2 GiB),
+        options: ``max_pending_bytes`` (host memory held by pending writes of GPU tensors, default 2 GiB),
             ``shard_bytes`` (shard size cap), ``batch_row`` (record only this row of every tensor
             whose leading dimension is the batch size of the outermost call's first input: one
             sequence of a batch, to compare with the same sequence scored alone),

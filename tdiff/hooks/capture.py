@@ -32,7 +32,7 @@ import torch
 
 import tdiff
 from tdiff.store.dtypes import dtype_name
-from tdiff.store.fingerprint import host_copy_summary, xxh3_fingerprint
+from tdiff.store.fingerprint import xxh3_fingerprint
 from tdiff.store.manifest import create_dump, new_part_id
 from tdiff.store.record import Record
 from tdiff.store.storage import STORAGES
@@ -45,7 +45,7 @@ from tdiff.errors import TdiffError
 from tdiff.hooks.active import active_capture, set_active
 from tdiff.hooks.annotations import annotate, annotating_framework, registrations
 from tdiff.hooks.cuda_graphs import DEFAULT_GRAPH_BUDGET, GraphRecorder, install_graph_hooks
-from tdiff.hooks.device import Summarizer, Summary, host_copy
+from tdiff.hooks.device import Summarizer, host_copy
 from tdiff.hooks.naming import ModulePaths, flatten_call_inputs, flatten_tensors, tensor_name
 from tdiff.hooks.ops import OpRecorder, OpTracer
 from tdiff.hooks.selection import Selection
@@ -465,21 +465,17 @@ class Capture:
             graph.record(record, counter, tensor)  # into the graph's static buffers, harvested on replay
         elif seen is not None:
             self.writer.submit(Pending(record=record, original=seen.pending))
+        elif self.mode == "full" and device.type == "cpu":
+            # written to its shard now, summarised as it passes: no copy, and the writer's torch ops
+            # would compete with the model's threads for the cores
+            pending = self.writer.stream(record, tensor)
+            if pending is not None:
+                self._remember(original, pending, record.fingerprint)
         elif self.mode == "full":
-            if device.type == "cpu":
-                # summarised here as it is copied: the copy is read from the cache, and the writer's
-                # torch ops would compete with the model's threads for the cores
-                host, stats, fingerprint = host_copy_summary(tensor)
-                summary, ready = Summary(stats, fingerprint), None
-            else:
-                summary = self._summaries.snapshot_summary(tensor)  # statistics from the GPU, if it holds it
-                host, ready = host_copy(tensor)
-                fingerprint = None
+            summary = self._summaries.snapshot_summary(tensor)  # statistics from the GPU, if it holds it
+            host, ready = host_copy(tensor)
             data = host.view(tensor.dtype).reshape(tensor.shape)
-            pending = Pending(record=record, data=data, ready=ready, nbytes=host.numel(), summary=summary)
-            self.writer.submit(pending)
-            if fingerprint is not None:  # a CPU tensor's
-                self._remember(original, pending, fingerprint)
+            self.writer.submit(Pending(record=record, data=data, ready=ready, nbytes=host.numel(), summary=summary))
         else:
             summary = self._summaries.summarize(tensor)
             pending = Pending(record=record, summary=summary)

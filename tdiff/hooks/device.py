@@ -237,8 +237,8 @@ def max_device_staging() -> int:
 
 
 def host_copy(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
-    """A host copy of the bytes of a tensor that is not on the CPU (a CPU tensor's is made with
-    its summary: :func:`tdiff.store.fingerprint.host_copy_summary`) as they are now, and the CUDA
+    """A host copy of the bytes of a tensor that is not on the CPU (a CPU tensor is written to its
+    shard at once: :meth:`tdiff.store.writer.DumpWriter.stream`) as they are now, and the CUDA
     event that completes it (None: complete).
 
     A CUDA tensor is snapshotted on its own stream, before anything queued after this call can

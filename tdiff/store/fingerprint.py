@@ -172,46 +172,41 @@ def host_stats(tensor: torch.Tensor) -> list[float]:
     return list(_NO_VALUES) if t is None else _chunked_stats(t, None)
 
 
-def host_summary(tensor: torch.Tensor, *, chunk: int = _CHUNK) -> tuple[list[float], str]:
+def host_summary(tensor: torch.Tensor, *, chunk: int = _CHUNK, sink=None) -> tuple[list[float], str]:
     """:func:`host_stats` and :func:`xxh3_fingerprint` of a CPU tensor, each chunk hashed while
     the statistics have it in the cache (one pass instead of two). A thread beside the model's
     passes ``chunk=ONE_THREAD_CHUNK``: torch then runs each op on the calling thread, where its own
     teams of threads would compete with the model's for the cores (on the GPU machine's 16 cores,
-    0.6 ms a sum of a 1 x 128 activation)."""
+    0.6 ms a sum of a 1 x 128 activation).
+
+    ``sink``, if given, is handed the tensor's bytes (as :func:`tdiff.store.dtypes.to_bytes_view`
+    gives them) in order, a buffer at a time, each once it is hashed: from the cache, too."""
     t = _own_values(tensor)
     if t is None:
-        return host_stats(tensor), xxh3_fingerprint(tensor)
+        raw = to_bytes_view(tensor)
+        hasher = xxhash.xxh3_128(_shape_tag(dtype_name(tensor.dtype), tensor.shape))
+        if raw.numel():
+            hasher.update(raw.numpy().data)
+            if sink is not None:
+                sink(raw.numpy().data)
+        return host_stats(tensor), "xxh3:" + hasher.hexdigest()
     hasher = xxhash.xxh3_128(_shape_tag(dtype_name(t.dtype), t.shape))
-    stats = _chunked_stats(t, hasher, chunk=chunk)
+    stats = _chunked_stats(t, hasher, chunk=chunk, sink=sink)
     return stats, "xxh3:" + hasher.hexdigest()
-
-
-def host_copy_summary(tensor: torch.Tensor) -> tuple[torch.Tensor, list[float], str]:
-    """A copy of a CPU tensor's bytes (uint8, contiguous), with :func:`host_summary` of them: each
-    chunk is copied, then summarised and hashed while the copy has it in the cache (full mode's
-    capture: the tensor is read from memory once, not three times)."""
-    t = _own_values(tensor)
-    if t is None:
-        raw = to_bytes_view(tensor)  # a fresh contiguous copy already when the tensor was strided
-        return (raw.clone() if tensor.is_contiguous() else raw), *host_summary(tensor)
-    copy = torch.empty(t.numel() * t.element_size(), dtype=torch.uint8)
-    hasher = xxhash.xxh3_128(_shape_tag(dtype_name(t.dtype), t.shape))
-    stats = _chunked_stats(t, hasher, copy.view(t.dtype))
-    return copy, stats, "xxh3:" + hasher.hexdigest()
 
 
 def _own_values(tensor: torch.Tensor) -> torch.Tensor | None:
     """The values to summarise where they are the tensor's own bytes, contiguous (its chunks are
-    then its bytes: hashed, or copied, with the statistics' pass): :func:`_numeric` converted
+    then its bytes: hashed, and handed on, with the statistics' pass): :func:`_numeric` converted
     nothing. None where the statistics and the bytes need passes of their own."""
     t = _numeric(tensor)
     return t if t is not None and t.dtype == tensor.dtype and t.is_contiguous() and t.numel() > 1 else None
 
 
-def _chunked_stats(t: torch.Tensor, hasher, into: torch.Tensor | None = None, chunk: int = _CHUNK) -> list[float]:
+def _chunked_stats(t: torch.Tensor, hasher, chunk: int = _CHUNK, sink=None) -> list[float]:
     """:func:`host_stats` of ``t``, as :func:`_numeric` gives it; with ``hasher``, also fed its
     bytes chunk by chunk (``t`` is then the tensor itself, contiguous: its chunks are its bytes);
-    with ``into`` (and ``hasher``), each chunk is copied there first and read from the copy."""
+    with ``sink`` (and ``hasher``), each chunk's bytes are handed to it once they are hashed."""
     # float32 accumulation (cascade-summed by torch) is ten times faster than float64 on CPU
     # and plenty for diagnostics; float64 tensors keep float64; the chunks' sums add up in Python
     acc = torch.float64 if t.dtype == torch.float64 else torch.float32
@@ -219,13 +214,12 @@ def _chunked_stats(t: torch.Tensor, hasher, into: torch.Tensor | None = None, ch
     total = abs_total = 0.0
     lo, hi = math.inf, -math.inf
     finite = True
-    parts = (flat,) if flat.numel() <= chunk else flat.split(chunk)
-    copies = (None,) * len(parts) if into is None else (into,) if len(parts) == 1 else into.split(chunk)
-    for part, copy in zip(parts, copies):
-        if copy is not None:
-            part = copy.copy_(part)
+    for part in (flat,) if flat.numel() <= chunk else flat.split(chunk):
         if hasher is not None:
-            hasher.update(part.view(torch.uint8).numpy().data)
+            raw = part.view(torch.uint8).numpy().data
+            hasher.update(raw)
+            if sink is not None:
+                sink(raw)
         if finite:
             part_total = float(part.sum(dtype=acc))
             finite = math.isfinite(part_total)

@@ -8,6 +8,7 @@ shape rebuild it bit-exactly.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import json
@@ -17,8 +18,10 @@ import os
 import struct
 import uuid
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -44,6 +47,7 @@ class SafetensorsStorage:
 
     def __init__(self):
         self._native = set(SAFETENSORS_DTYPES.values())
+        self._last_stream: SafetensorsStream | None = None
 
     def write(self, path: Path, tensors: dict[str, torch.Tensor]) -> None:
         from safetensors import TensorSpec, serialize_file
@@ -61,6 +65,138 @@ class SafetensorsStorage:
 
     def open(self, path: Path):
         return _SafetensorsShard(path, _read_safetensors_index(path))
+
+    def stream(self, path: Path) -> SafetensorsStream:
+        """A shard to write tensor by tensor. Its header room is twice what the last one's header
+        needed (so a shard that filled its room is followed by one with twice the room), within
+        :data:`STREAM_HEADER_ROOM` and :data:`MAX_STREAM_HEADER_ROOM`."""
+        room = STREAM_HEADER_ROOM
+        if self._last_stream is not None:
+            wanted = 2 * self._last_stream.header_wanted
+            room = max(STREAM_HEADER_ROOM, min(MAX_STREAM_HEADER_ROOM, wanted + -wanted % _ALIGNMENT))
+        self._last_stream = SafetensorsStream(path, room)
+        return self._last_stream
+
+
+# safetensors' dtype names by torch dtype
+_SAFETENSORS_NAMES = {dtype: name for name, dtype in SAFETENSORS_DTYPES.items()}
+T = TypeVar("T")
+_ALIGNMENT = 8   # each tensor's bytes start on a multiple of this, as in the files safetensors writes
+STREAM_HEADER_ROOM = 64 << 10   # a streamed shard's header room at least: ~700 tensors' entries
+MAX_STREAM_HEADER_ROOM = 16 << 20
+
+
+class HeaderFull(Exception):
+    """The shard's reserved header room cannot list one more tensor: the shard must end first."""
+
+    def __init__(self, path: Path, key: str):
+        super().__init__(f"the header room of {path.name} has no space for tensor {key!r}")
+
+
+class _Stream:
+    """A shard file written as tensors come, under a temporary name (every shard is renamed
+    into place once complete): the bytes go from the tensor into the page cache, which is their
+    snapshot. Not thread-safe: its writer serialises the calls."""
+
+    def __init__(self, path: Path, data_start: int):
+        self.path = path
+        self.nbytes = 0   # data bytes written
+        self._tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:6]}.tmp")
+        self._fd = os.open(self._tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        self._data_start = data_start
+
+    def _append_bytes(self, nbytes: int, write: Callable[[Callable], T], key: str) -> T:
+        """``write(sink)`` hands ``sink`` the tensor's ``nbytes`` bytes in order. Cut short (an
+        error, an interrupt), the file is taken back to where the tensor began: the shard stays
+        whole, and can still be sealed with the tensors before it."""
+        begin = self.nbytes
+        try:
+            result = write(self._write)
+            if self.nbytes - begin != nbytes:
+                raise RuntimeError(f"tensor {key!r} gave {self.nbytes - begin} bytes, not {nbytes}")
+        except BaseException:
+            self.nbytes = begin
+            os.ftruncate(self._fd, self._data_start + begin)
+            os.lseek(self._fd, self._data_start + begin, os.SEEK_SET)
+            raise
+        return result
+
+    def _write(self, data) -> None:
+        view = memoryview(data).cast("B")
+        self.nbytes += len(view)
+        _write_all(self._fd, view)
+
+    def discard(self) -> None:
+        """Give the file up (writing failed); never raises: it runs on the way out of a failure."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        with contextlib.suppress(OSError):
+            self._tmp.unlink(missing_ok=True)
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    while view:
+        view = view[os.write(fd, view):]
+
+
+class SafetensorsStream(_Stream):
+    """A safetensors shard written tensor by tensor, at the moment each is recorded (full mode's
+    capture of host tensors). The header, unknown until the shard ends, goes into room reserved
+    at the start of the file and is padded with spaces (as safetensors pads its own); where a
+    tensor would start off an 8-byte boundary, the bytes of padding before it are listed under a
+    key of their own, ``_pad<offset>``, since safetensors allows no gaps between tensors."""
+
+    def __init__(self, path: Path, header_room: int):
+        super().__init__(path, header_room)
+        self.header_room = header_room
+        self.header_wanted = 8 + 2   # bytes the header needs (length and "{}"), or needed when it filled
+        self._entries: list[bytes] = []
+        os.lseek(self._fd, header_room, os.SEEK_SET)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def append(self, key: str, tensor: torch.Tensor, write: Callable[[Callable], T]) -> T:
+        """Store ``tensor`` (on the host) under ``key``: ``write(sink)`` must hand ``sink`` the
+        tensor's bytes (as :func:`tdiff.store.dtypes.to_bytes_view` gives them) in order; its
+        result is returned. Raises :class:`HeaderFull` before writing anything when the header
+        has no room left for the tensor."""
+        nbytes = tensor.numel() * tensor.element_size()
+        native = _SAFETENSORS_NAMES.get(tensor.dtype)
+        dtype, shape = (native, list(tensor.shape)) if native is not None else ("U8", [nbytes])
+        padding = -self.nbytes % _ALIGNMENT
+        entries = [self._entry(f"_pad{self.nbytes}", "U8", [padding], self.nbytes)] if padding else []
+        entries.append(self._entry(key, dtype, shape, self.nbytes + padding))
+        wanted = self.header_wanted + sum(len(entry) + 1 for entry in entries)
+        if wanted > self.header_room:
+            self.header_wanted = wanted
+            raise HeaderFull(self.path, key)
+        def padded(sink) -> T:
+            if padding:
+                sink(bytes(padding))
+            return write(sink)
+
+        result = self._append_bytes(padding + nbytes, padded, key)
+        self._entries += entries
+        self.header_wanted = wanted
+        return result
+
+    @staticmethod
+    def _entry(key: str, dtype: str, shape: list[int], begin: int) -> bytes:
+        nbytes = math.prod(shape) * SAFETENSORS_DTYPES[dtype].itemsize
+        return json.dumps({key: {"dtype": dtype, "shape": shape, "data_offsets": [begin, begin + nbytes]}},
+                          separators=(",", ":")).encode()[1:-1]
+
+    def seal(self) -> None:
+        """Write the header into its room and rename the file into place."""
+        length = self.header_room - 8
+        header = b"{" + b",".join(self._entries) + b"}"
+        os.lseek(self._fd, 0, os.SEEK_SET)
+        _write_all(self._fd, memoryview(struct.pack("<Q", length) + header.ljust(length, b" ")))
+        os.close(self._fd)
+        self._fd = -1
+        os.replace(self._tmp, self.path)
 
 
 # The safetensors format: a little-endian u64 header length, a JSON header mapping each key to
@@ -208,18 +344,44 @@ class H5Storage:
     suffix = "h5"
 
     def write(self, path: Path, tensors: dict[str, torch.Tensor]) -> None:
-        import h5py
-
-        def write(tmp):
-            with h5py.File(tmp, "w") as f:
-                for key, t in tensors.items():
-                    f.create_dataset(key, data=to_bytes_view(t).numpy())
-
-        _write_atomically(path, write)
+        _write_h5(path, {key: to_bytes_view(t).numpy() for key, t in tensors.items()})
 
     def open(self, path: Path):
         with _open_h5(path):   # a damaged file is refused when the dump is opened
             return _H5Shard(path)
+
+    def stream(self, path: Path) -> H5Stream:
+        return H5Stream(path)
+
+
+class H5Stream(_Stream):
+    """An HDF5 shard written tensor by tensor, as :class:`SafetensorsStream` writes safetensors:
+    the bytes are spooled into a plain file as they come, and sealing copies them into datasets
+    (on the thread that seals it: the writer's, or a hook's whose tensor starts the next shard).
+    Not an HDF5 file held open meanwhile: a forked child (a data loader's worker) that closes its
+    inherited copy of one, at exit if not before, flushes HDF5's state into the parent's file."""
+
+    def __init__(self, path: Path):
+        super().__init__(path, 0)
+        self._entries: list[tuple[str, int, int]] = []   # key, begin, bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def append(self, key: str, tensor: torch.Tensor, write: Callable[[Callable], T]) -> T:
+        nbytes = tensor.numel() * tensor.element_size()
+        begin = self.nbytes
+        result = self._append_bytes(nbytes, write, key)
+        self._entries.append((key, begin, nbytes))
+        return result
+
+    def seal(self) -> None:
+        import numpy as np
+
+        spooled = np.memmap(self._tmp, dtype=np.uint8, mode="r") if self.nbytes else np.empty(0, np.uint8)
+        _write_h5(self.path, {key: spooled[begin:begin + nbytes] for key, begin, nbytes in self._entries})
+        del spooled
+        self.discard()   # the spool
 
 
 def _open_h5(path: Path):
@@ -230,6 +392,18 @@ def _open_h5(path: Path):
     except Exception as exc:  # noqa: BLE001 - h5py raises many error types for a damaged file
         raise DumpError(f"{path}: cannot open HDF5 shard ({_first_line(exc)}); "
                         "the file is truncated or corrupted") from None
+
+
+def _write_h5(path: Path, raw: dict) -> None:
+    """An HDF5 shard of each key's raw bytes (uint8 numpy arrays)."""
+    import h5py
+
+    def write(tmp):
+        with h5py.File(tmp, "w") as f:
+            for key, data in raw.items():
+                f.create_dataset(key, data=data)
+
+    _write_atomically(path, write)
 
 
 class _H5Shard:
@@ -284,6 +458,9 @@ def _declared_nbytes(dataset) -> int | None:
     for n in dataset.shape:
         count *= n
     return count * dataset.dtype.itemsize
+
+
+ShardStream = SafetensorsStream | H5Stream
 
 
 def storage_for(name: str):

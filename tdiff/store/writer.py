@@ -1,11 +1,14 @@
 """The background writer: one per capturing process.
 
-Hooks hand over host copies with their statistics and fingerprint (or, for device tensors, pinned
-copies still in flight plus a CUDA event, and statistics the GPU computed for large ones), a handful
-at a time; the writer thread completes what the hook left out (fingerprints, statistics on the
-calling thread alone) and fills size-capped shards; shard writer threads write several shards at
-once, rename each into place and append their records to the manifest journal in shard order, each
-only once its shard is in place.
+A host tensor (full mode) is written by the hook itself, through :meth:`DumpWriter.stream`, into
+a shard left open for such tensors, its statistics and fingerprint made in the same pass: the
+page cache holds its bytes as they were, with no host copy and nothing left to write after the
+forward. Hooks hand the writer thread the records, and for device tensors pinned copies still in
+flight plus a CUDA event (and statistics the GPU computed for large ones), a handful at a time;
+the writer thread completes what the hook left out (fingerprints, statistics on the calling thread
+alone) and fills size-capped shards; shard writer threads write several shards at once, rename each
+into place and append their records to the manifest journal in shard order, each only once its
+shard, and the streamed shard its records name, is in place.
 Pinned copies are written as they are and handed back to torch's pinned-memory cache once their
 shard is written: no second host copy.
 
@@ -16,6 +19,7 @@ once on stderr, drops what it holds, lets the model run on, and ends the manifes
 
 from __future__ import annotations
 
+import itertools
 import os
 import queue
 from concurrent.futures import Future
@@ -31,7 +35,7 @@ import torch
 from tdiff.store.fingerprint import ONE_THREAD_CHUNK, fingerprint_algorithm, host_summary, stats_dict, xxh3_fingerprint
 from tdiff.store.manifest import DATA_DIR, ManifestJournal
 from tdiff.store.record import Record
-from tdiff.store.storage import storage_for
+from tdiff.store.storage import HeaderFull, ShardStream, storage_for
 from tdiff.store.tokens import TokenBatch
 
 DEFAULT_MAX_PENDING = 2 << 30
@@ -59,9 +63,10 @@ class Pending:
     """A captured tensor on its way to disk."""
 
     record: Record
-    data: torch.Tensor | None = None        # host copy (full mode)
+    data: torch.Tensor | None = None        # pinned host copy of a device tensor (full mode)
     ready: torch.cuda.Event | None = None   # CUDA event that completes ``data``
     summary: Summary | None = None          # stats mode; in full mode, statistics the GPU computed
+                                            # (neither: the record is complete, its tensor streamed)
     nbytes: int = 0                         # host bytes this item holds until its shard is written
     original: Pending | None = None         # an alias: the item of the record it aliases, written before it
 
@@ -78,7 +83,8 @@ class DumpWriter:
         self.part = part
         self.storage = storage_for(storage)
         self.max_pending_bytes = max_pending_bytes
-        self.shard_limit = max(1, min(shard_bytes, max_pending_bytes // 2))
+        self.streamed_shard_limit = max(1, shard_bytes)   # holds no memory: not capped by max_pending_bytes
+        self.shard_limit = max(1, min(shard_bytes, max_pending_bytes // 2))   # of copies held for a shard
         self.error: str | None = None
         self.records_written = 0
         self.peak_pending_bytes = 0
@@ -87,17 +93,24 @@ class DumpWriter:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._handful: list[Pending] = []   # submitted, not yet handed to the writer thread
         self._handful_bytes = 0
-        self._handful_lock = threading.Lock()  # several threads may submit
+        # several threads may submit; re-entrant: a signal handler (SIGTERM's) may close the writer
+        # while its thread is inside submit
+        self._handful_lock = threading.RLock()
         self._space = threading.Condition()
         self._pending_bytes = 0
         self._waiting = 0   # threads waiting at the memory cap
-        self._shard_index = 0
+        self._shard_numbers = itertools.count()   # shared by the writer thread and streaming hooks
+        self._shard_file: str | None = None   # the name of the shard being filled
         self._shard: dict[str, torch.Tensor] = {}
         self._shard_bytes = 0
         self._records: list[Record] = []
         self._tokens: list[TokenBatch] = []
         self._shard_writers = _ShardWriters(shard_writers or DEFAULT_SHARD_WRITERS, name=f"tdiff-shards-{part}")
         self._last_shard: Future | None = None  # journals its records after every shard before it
+        self._stream_lock = threading.Lock()    # hooks of several threads may stream
+        self._stream: ShardStream | None = None   # the shard host tensors are streamed into, while open
+        self._appending: int | None = None   # the thread writing a tensor into it
+        self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"tdiff-writer-{part}", daemon=True)
         self._thread.start()
 
@@ -139,6 +152,73 @@ class DumpWriter:
                 self._queue.put(self._handful)
             self._handful, self._handful_bytes = [], 0
 
+    def stream(self, record: Record, tensor: torch.Tensor) -> Pending | None:
+        """Write a host tensor's bytes into the streamed shard now, on the calling thread, with its
+        statistics and fingerprint made as each chunk passes (:func:`host_summary`), and submit its
+        record, complete. Returns its item (for the aliases that may name it); None when it was
+        not written: writing has failed (which ends the capture's writing, as any write failure
+        does) or the writer is closed."""
+        key = f"t{record.seq}"
+        with self._stream_lock:
+            if self.failed or self._closed:
+                return None
+            self._appending = threading.get_ident()
+            try:
+                values, fingerprint, file = self._append(key, tensor)
+            except Exception as exc:  # noqa: BLE001 - any write failure ends this part, not the model
+                self._end_stream(give_up=True)
+                self._fail(f"writing {self.root} failed: {_reason(exc)}")
+                return None
+            finally:
+                self._appending = None
+            if self.failed:  # writing failed elsewhere meanwhile: the writer thread left this shard to us
+                self._end_stream(give_up=True)
+                return None
+        record.set_contents(stats_dict(values), fingerprint, file, key)
+        item = Pending(record=record)
+        self.submit(item)
+        return item
+
+    def _append(self, key: str, tensor: torch.Tensor) -> tuple[list[float], str, str]:
+        """Append to the streamed shard (opened, or ended and another opened, as needed): the
+        tensor's statistics, fingerprint and shard file."""
+        def write(sink):
+            return host_summary(tensor, sink=sink)
+
+        stream = self._stream
+        if stream is not None and stream.nbytes + tensor.numel() * tensor.element_size() > self.streamed_shard_limit:
+            self._end_stream()
+            stream = None
+        if stream is None:
+            stream = self._open_stream()
+        try:
+            return (*stream.append(key, tensor, write), stream.path.name)
+        except HeaderFull:
+            if not len(stream):
+                raise
+        self._end_stream()   # the next shard's header gets twice the room
+        stream = self._open_stream()
+        return (*stream.append(key, tensor, write), stream.path.name)
+
+    def _open_stream(self) -> ShardStream:
+        self._stream = self.storage.stream(self.root / DATA_DIR / self._new_shard_name())
+        return self._stream
+
+    def _end_stream(self, *, give_up: bool = False) -> None:
+        """Seal the streamed shard, if one is open (the caller holds the stream lock); with
+        ``give_up`` (or once writing has failed), remove it instead."""
+        stream, self._stream = self._stream, None
+        if stream is None:
+            return
+        if give_up or self.failed or not len(stream):
+            stream.discard()
+            return
+        try:
+            stream.seal()
+        except BaseException:
+            stream.discard()
+            raise
+
     def _hand_over(self, message) -> None:
         """Queue ``message`` for the writer thread after every item submitted before it."""
         with self._handful_lock:
@@ -168,6 +248,13 @@ class DumpWriter:
         """Write what is pending and end the manifest, with the capture's ``notes``; ``error`` (why
         the captured program failed) or a write failure ends it as failed, which marks the dump
         incomplete."""
+        if self._appending == threading.get_ident():
+            # a signal handler (SIGTERM's) ends the capture while this thread writes a tensor,
+            # holding the streamed shard's lock: that shard cannot be finished
+            self._fail("the capture was ended while a tensor was being written")
+        else:
+            with self._stream_lock:
+                self._closed = True   # no tensor is streamed from now on
         self._hand_over(_STOP)
         self._thread.join()
         try:
@@ -222,27 +309,41 @@ class DumpWriter:
             else:
                 values, fingerprint = host_summary(data, chunk=ONE_THREAD_CHUNK)  # one pass for both
                 stats = stats_dict(values)
-            record.set_contents(stats, fingerprint, self._shard_name(), key)
+            if self._shard_file is None:
+                self._shard_file = self._new_shard_name()
+            record.set_contents(stats, fingerprint, self._shard_file, key)
             self._shard[key] = data
             self._shard_bytes += item.nbytes
-        else:
+        elif item.summary is not None:
             record.set_contents(*item.summary.resolve(record))
         item.data = None  # the shard holds the data until it is written
         self._records.append(record)
         if self._shard_bytes >= self.shard_limit or len(self._records) >= _RECORDS_PER_FLUSH:
             self._flush_shard()
 
-    def _shard_name(self) -> str:
-        return f"{self.part}.s{self._shard_index:05d}.{self.storage.suffix}"
+    def _new_shard_name(self) -> str:
+        return f"{self.part}.s{next(self._shard_numbers):05d}.{self.storage.suffix}"
 
     def _flush_shard(self) -> None:
-        """Hand the shard filled so far, and the records since the last one, to a shard writer."""
-        name = self._shard_name() if self._shard else None
-        if name is not None:
-            self._shard_index += 1
-        job = (name, self._shard, self._records, self._tokens, self._shard_bytes, self._last_shard)
-        self._shard, self._records, self._tokens, self._shard_bytes = {}, [], [], 0
+        """Hand the shard filled so far, and the records since the last one, to a shard writer.
+        The streamed shard is sealed first: some of those records may name it."""
+        if self._lock_stream():
+            try:
+                self._guarded(self._end_stream)
+            finally:
+                self._stream_lock.release()
+        job = (self._shard_file, self._shard, self._records, self._tokens, self._shard_bytes, self._last_shard)
+        self._shard_file, self._shard, self._records, self._tokens, self._shard_bytes = None, {}, [], [], 0
         self._last_shard = self._shard_writers.submit(self._write_shard, *job)
+
+    def _lock_stream(self) -> bool:
+        """Take the stream lock, waiting for it only while writing has not failed: from then on,
+        a shard still held by a thread (one that a signal handler cut short, or one that finds the
+        failure once its tensor is written) is that thread's to give up."""
+        while not self._stream_lock.acquire(timeout=0.05):
+            if self.failed:
+                return False
+        return True
 
     def _write_shard(self, name: str | None, shard: dict, records: list[Record], tokens: list[TokenBatch],
                      nbytes: int, previous: Future | None) -> None:

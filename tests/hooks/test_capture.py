@@ -251,18 +251,21 @@ def test_stats_mode_keeps_fingerprints_that_catch_one_ulp(tmp_path):
     assert "fingerprints differ" in report.first_divergence.reason
 
 
-def test_the_memory_cap_makes_capture_wait_and_loses_nothing(tmp_path):
+def test_host_tensors_are_written_at_the_hook_with_no_copy_held(tmp_path):
+    # full mode streams a CPU tensor into its shard as it is recorded: the page cache holds the
+    # bytes of the moment, so a later in-place write cannot reach them and no host copy waits
     tensors = [torch.full((256, 256), float(i)) for i in range(40)]  # 256 KiB each, 10 MiB in all
-    with tdiff.capture(tmp_path / "d", max_pending_bytes=1 << 20) as cap:
+    with tdiff.capture(tmp_path / "d", max_pending_bytes=1 << 20, shard_bytes=3 << 20) as cap:
         for i, t in enumerate(tensors):
             tdiff.dump(f"t{i}", t)
+            t.add_(1000)   # after the hook
         writer = cap.writer
-        assert writer.peak_pending_bytes <= 1 << 20
-    assert writer.waits > 0
+        assert writer.peak_pending_bytes == 0 and writer.waits == 0
     dump = open_dump(tmp_path / "d")
     assert len(dump.records) == 40
+    assert len({r.file for r in dump.records}) == -(-40 * (256 << 10) // (3 << 20))  # shards of 3 MiB
     for record in dump.records:
-        assert torch.equal(dump.load(record), tensors[int(record.name[1:])])
+        assert torch.equal(dump.load(record), torch.full((256, 256), float(record.name[1:])))
 
 
 def test_rank_comes_from_the_environment_before_torch_distributed_starts(tmp_path, monkeypatch):
@@ -270,6 +273,43 @@ def test_rank_comes_from_the_environment_before_torch_distributed_starts(tmp_pat
     with tdiff.capture(tmp_path / "d"):
         tdiff.dump("x", torch.ones(1))
     assert open_dump(tmp_path / "d").records[0].rank == 3
+
+
+FORKING = """
+import os, sys
+import torch, tdiff
+
+with tdiff.capture(sys.argv[1], storage=sys.argv[2]):
+    tdiff.dump("before", torch.arange(1000.0))
+    pid = os.fork()
+    if pid == 0:   # the child goes on in a part of its own, and ends it as it exits
+        tdiff.dump("child", torch.ones(5))
+        sys.exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    tdiff.dump("after", torch.arange(7.0))
+"""
+
+
+@pytest.mark.parametrize("storage", ["safetensors", "h5"])
+def test_a_forked_child_leaves_the_shard_its_parent_is_writing_whole(tmp_path, storage):
+    # the parent's open shard is inherited by the child: closing or flushing it there (HDF5 does,
+    # for a file it holds open) would change the parent's file under it
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    script = tmp_path / "fork.py"
+    script.write_text(FORKING)
+    result = subprocess.run([sys.executable, script, tmp_path / "d", storage], capture_output=True, text=True,
+                            timeout=120, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    dump = open_dump(tmp_path / "d")
+    assert dump.complete
+    expected = {"before": torch.arange(1000.0), "child": torch.ones(5), "after": torch.arange(7.0)}
+    assert sorted(r.name for r in dump.records) == sorted(expected)
+    for record in dump.records:
+        assert torch.equal(dump.load(record), expected[record.name])
 
 
 def test_h5_storage_captures_and_compares(tmp_path):

@@ -5,6 +5,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from tests.helpers import REPO, tdiff_cli
 
 FILE_SIZE_LIMITED = textwrap.dedent("""
@@ -19,7 +21,7 @@ FILE_SIZE_LIMITED = textwrap.dedent("""
     # a quota-like limit: no file of this process may grow past 300 kB (writes fail with EFBIG)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, 300_000))
-    with torch.no_grad(), tdiff.capture(sys.argv[1], shard_bytes=1 << 20):
+    with torch.no_grad(), tdiff.capture(sys.argv[1], shard_bytes=1 << 20, storage=sys.argv[2]):
         for _ in range(3):
             out = model(x)
     assert torch.equal(out, expected), "the model's own result changed"
@@ -27,15 +29,17 @@ FILE_SIZE_LIMITED = textwrap.dedent("""
 """)
 
 
-def test_a_full_disk_marks_the_dump_incomplete_and_the_model_runs_on(tmp_path):
+@pytest.mark.parametrize("storage", ["safetensors", "h5"])
+def test_a_full_disk_marks_the_dump_incomplete_and_the_model_runs_on(tmp_path, storage):
     script = tmp_path / "limited.py"
     script.write_text(FILE_SIZE_LIMITED)
-    result = subprocess.run([sys.executable, script, tmp_path / "d"], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, script, tmp_path / "d", storage], capture_output=True, text=True,
                             timeout=120, cwd=REPO)
     assert result.returncode == 0, result.stderr
     assert "model ok" in result.stdout
     errors = [line for line in result.stderr.splitlines() if line.startswith("tdiff:")]
     assert len(errors) == 1 and "File too large" in errors[0] and "marked incomplete" in errors[0]
+    assert not list((tmp_path / "d" / "data").glob(".*.tmp"))   # the shard cut short is removed
     refused = tdiff_cli("compare", tmp_path / "d", tmp_path / "d", "--allow-incomplete", expect=2)
     assert "capture failed" in refused.output and "File too large" in refused.output
 

@@ -232,3 +232,125 @@ def test_after_a_write_failure_no_copy_stays_held(tmp_path):
     writer.close()
     with pytest.raises(DumpError, match="capture failed"):
         open_dump(tmp_path / "d")
+
+
+def _full_writer(tmp_path) -> DumpWriter:
+    from tdiff.store.manifest import create_dump
+
+    create_dump(tmp_path / "d", {"side": "d", "mode": "full", "storage": "safetensors", "tdiff": tdiff.__version__})
+    return DumpWriter(tmp_path / "d", "p0", {"side": "d", "mode": "full"})
+
+
+def _record_of(seq: int, tensor: torch.Tensor) -> Record:
+    from tdiff.store.dtypes import dtype_name
+
+    return Record(seq=seq, name=f"t{seq}", module="", role="explicit", step=0, call=0, rank=0,
+                  dtype=dtype_name(tensor.dtype), shape=tuple(tensor.shape))
+
+
+def _journaled_seqs(tmp_path) -> list[int]:
+    import json
+
+    from tdiff.store.manifest import MANIFEST_DIR
+
+    lines = (tmp_path / "d" / MANIFEST_DIR / "p0.jsonl").read_text().splitlines()
+    return [json.loads(line)["seq"] for line in lines if '"seq"' in line]
+
+
+def test_a_streamed_shards_records_reach_the_manifest_only_once_it_is_in_place(tmp_path):
+    from tdiff.store.manifest import DATA_DIR
+
+    writer = _full_writer(tmp_path)
+    data = tmp_path / "d" / DATA_DIR
+    x = torch.arange(10.0)
+    writer.stream(_record_of(0, x), x)
+    writer.drain()
+    assert not list(data.glob("*.safetensors")) and len(list(data.glob(".*.tmp"))) == 1  # still open
+    assert _journaled_seqs(tmp_path) == []
+    writer.flush()   # the end of a step
+    writer.drain()
+    [shard] = data.glob("*.safetensors")
+    assert _journaled_seqs(tmp_path) == [0] and not list(data.glob(".*.tmp"))
+    y = torch.ones(3, dtype=torch.bfloat16)
+    writer.stream(_record_of(1, y), y)
+    writer.close()
+    dump = open_dump(tmp_path / "d")
+    assert dump.complete and [r.seq for r in dump.records] == [0, 1]
+    assert dump.records[0].file == shard.name and dump.records[1].file != shard.name
+    assert torch.equal(dump.load(dump.records[0]), x) and torch.equal(dump.load(dump.records[1]), y)
+    assert not list(data.glob(".*.tmp"))
+
+
+def test_a_streamed_shards_header_room_follows_what_the_last_header_needed(tmp_path, monkeypatch):
+    # a shard that fills its header room ends, and the next gets twice the room; a shard of few
+    # tensors after it does not carry that room on
+    import json
+    import struct
+
+    from safetensors.torch import load_file
+
+    from tdiff.store import storage
+    from tdiff.store.manifest import DATA_DIR
+
+    monkeypatch.setattr(storage, "STREAM_HEADER_ROOM", 512)
+    writer = _full_writer(tmp_path)
+    # 6 bytes each: every other tensor would start off an 8-byte boundary without padding
+    tensors = [torch.full((3,), float(i), dtype=torch.bfloat16) for i in range(42)]
+    for seq, tensor in enumerate(tensors[:40]):
+        assert writer.stream(_record_of(seq, tensor), tensor) is not None
+    for seq in (40, 41):   # a step of one tensor each
+        writer.flush()
+        writer.drain()   # the writer thread has sealed the shard open so far
+        writer.stream(_record_of(seq, tensors[seq]), tensors[seq])
+    writer.close()
+    dump = open_dump(tmp_path / "d")
+    assert dump.complete and len(dump.records) == len(tensors)
+    for record in dump.records:
+        assert torch.equal(dump.load(record), tensors[record.seq])
+    shards = sorted({r.file for r in dump.records})
+    rooms, used = [], []
+    for name in shards:
+        raw = (tmp_path / "d" / DATA_DIR / name).read_bytes()
+        (length,) = struct.unpack("<Q", raw[:8])
+        rooms.append(8 + length)
+        used.append(8 + len(raw[8:8 + length].rstrip(b" ")))
+        stored = load_file(str(tmp_path / "d" / DATA_DIR / name))   # safetensors' own reader
+        header = json.loads(raw[8:8 + length])
+        for record in dump.records:
+            if record.file == name:
+                assert torch.equal(stored[record.key], tensors[record.seq])
+                assert header[record.key]["data_offsets"][0] % 8 == 0   # aligned, as safetensors aligns
+    filled = len(shards) - 3   # those the first 40 tensors filled
+    assert filled >= 2 and rooms[0] == 512
+    assert all(rooms[i + 1] >= 2 * used[i] for i in range(filled))
+    assert rooms[-1] == 512   # after a shard of one tensor
+
+
+def test_a_signal_handler_that_ends_the_capture_mid_tensor_does_not_hang(tmp_path, monkeypatch):
+    # SIGTERM's handler (tdiff.child_startup) closes the writer on the thread it interrupts, which
+    # may be inside stream(), holding the streamed shard's lock
+    import pytest
+
+    from tdiff.errors import DumpError
+    from tdiff.store import writer as writer_module
+    from tdiff.store.manifest import DATA_DIR
+
+    writer = _full_writer(tmp_path)
+    x = torch.arange(10.0)
+    writer.stream(_record_of(0, x), x)
+    summarise = writer_module.host_summary
+
+    def interrupted(tensor, sink=None):
+        writer.close("the process was ended by SIGTERM")   # as the handler would, mid-tensor
+        return summarise(tensor, sink=sink)
+
+    monkeypatch.setattr(writer_module, "host_summary", interrupted)
+    ended = threading.Thread(target=writer.stream, args=(_record_of(1, x), x), daemon=True)
+    ended.start()
+    ended.join(30)
+    assert not ended.is_alive(), "closing the writer mid-tensor hung"
+    assert writer.failed
+    with pytest.raises(DumpError, match="capture failed"):
+        open_dump(tmp_path / "d")
+    assert not list((tmp_path / "d" / DATA_DIR).glob(".*.tmp"))
+

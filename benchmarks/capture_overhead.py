@@ -5,7 +5,7 @@
 Variants, interleaved round by round (medians are printed):
   plain           the forward alone
   tdiff stats     tdiff.capture(mode="stats"): fingerprints and statistics per tensor
-  tdiff full      tdiff.capture(mode="full"): copies at hook time, written in the background
+  tdiff full      tdiff.capture(mode="full"): host tensors written into their shard at the hook
   sglang dumper   SGLang's dumper, non_intrusive_mode="all" (one torch.save per tensor)
   torch.save hook a forward hook that torch.saves every input and output tensor
 

@@ -81,7 +81,7 @@ class SafetensorsStorage:
 # safetensors' dtype names by torch dtype
 _SAFETENSORS_NAMES = {dtype: name for name, dtype in SAFETENSORS_DTYPES.items()}
 T = TypeVar("T")
-_ALIGNMENT = 8   # each tensor's bytes start on a multiple of this, as in the files safetensors writes
+_ALIGNMENT = 8   # each tensor's bytes start on a multiple of this: mapped, each is aligned for its dtype
 STREAM_HEADER_ROOM = 64 << 10   # a streamed shard's header room at least: ~700 tensors' entries
 MAX_STREAM_HEADER_ROOM = 16 << 20
 

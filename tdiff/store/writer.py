@@ -109,7 +109,7 @@ class DumpWriter:
         self._last_shard: Future | None = None  # journals its records after every shard before it
         self._stream_lock = threading.Lock()    # hooks of several threads may stream
         self._stream: ShardStream | None = None   # the shard host tensors are streamed into, while open
-        self._appending: int | None = None   # the thread writing a tensor into it
+        self._streaming = threading.local()   # .active: this thread is in stream(), maybe holding its lock
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"tdiff-writer-{part}", daemon=True)
         self._thread.start()
@@ -141,16 +141,20 @@ class DumpWriter:
         with self._handful_lock:
             self._handful.append(item)
             self._handful_bytes += item.nbytes
-            if self._waiting:
-                # another thread waits at the cap: what this one holds must reach the disk too, or
-                # its bytes, counted as pending, could keep that thread waiting until the step ends
-                self._queue.put(self._handful)
-                self._queue.put(_FLUSH)
-            elif len(self._handful) < _HANDFUL_ITEMS and self._handful_bytes < _HANDFUL_BYTES:
+            # another thread waiting at the cap: what this one holds must reach the disk too, or
+            # its bytes, counted as pending, could keep that thread waiting until the step ends
+            waiting = self._waiting
+            if not waiting and len(self._handful) < _HANDFUL_ITEMS and self._handful_bytes < _HANDFUL_BYTES:
                 return
-            else:
-                self._queue.put(self._handful)
-            self._handful, self._handful_bytes = [], 0
+            self._queue.put(self._take_handful())
+            if waiting:
+                self._queue.put(_FLUSH)
+
+    def _take_handful(self) -> list[Pending]:
+        """The handful, replaced by an empty one before it is queued: a signal handler that closes
+        the writer between the two (on this thread: the lock is re-entrant) must not queue it again."""
+        handful, self._handful, self._handful_bytes = self._handful, [], 0
+        return handful
 
     def stream(self, record: Record, tensor: torch.Tensor) -> Pending | None:
         """Write a host tensor's bytes into the streamed shard now, on the calling thread, with its
@@ -159,21 +163,22 @@ class DumpWriter:
         not written: writing has failed (which ends the capture's writing, as any write failure
         does) or the writer is closed."""
         key = f"t{record.seq}"
-        with self._stream_lock:
-            if self.failed or self._closed:
-                return None
-            self._appending = threading.get_ident()
-            try:
-                values, fingerprint, file = self._append(key, tensor)
-            except Exception as exc:  # noqa: BLE001 - any write failure ends this part, not the model
-                self._end_stream(give_up=True)
-                self._fail(f"writing {self.root} failed: {_reason(exc)}")
-                return None
-            finally:
-                self._appending = None
-            if self.failed:  # writing failed elsewhere meanwhile: the writer thread left this shard to us
-                self._end_stream(give_up=True)
-                return None
+        self._streaming.active = True
+        try:
+            with self._stream_lock:
+                if self.failed or self._closed:
+                    return None
+                try:
+                    values, fingerprint, file = self._append(key, tensor)
+                except Exception as exc:  # noqa: BLE001 - any write failure ends this part, not the model
+                    self._end_stream(give_up=True)
+                    self._fail(f"writing {self.root} failed: {_reason(exc)}")
+                    return None
+                if self.failed:  # writing failed elsewhere meanwhile: the writer thread left this shard to us
+                    self._end_stream(give_up=True)
+                    return None
+        finally:
+            self._streaming.active = False
         record.set_contents(stats_dict(values), fingerprint, file, key)
         item = Pending(record=record)
         self.submit(item)
@@ -215,16 +220,17 @@ class DumpWriter:
             return
         try:
             stream.seal()
-        except BaseException:
+        except BaseException as exc:
             stream.discard()
+            # records naming the shard may be on their way to the manifest: none may reach it now
+            self._fail(f"writing {self.root} failed: {_reason(exc)}")
             raise
 
     def _hand_over(self, message) -> None:
         """Queue ``message`` for the writer thread after every item submitted before it."""
         with self._handful_lock:
             if self._handful:
-                self._queue.put(self._handful)
-                self._handful, self._handful_bytes = [], 0
+                self._queue.put(self._take_handful())
             self._queue.put(message)
 
     def submit_tokens(self, batch: TokenBatch) -> None:
@@ -248,9 +254,9 @@ class DumpWriter:
         """Write what is pending and end the manifest, with the capture's ``notes``; ``error`` (why
         the captured program failed) or a write failure ends it as failed, which marks the dump
         incomplete."""
-        if self._appending == threading.get_ident():
-            # a signal handler (SIGTERM's) ends the capture while this thread writes a tensor,
-            # holding the streamed shard's lock: that shard cannot be finished
+        if getattr(self._streaming, "active", False):
+            # a signal handler (SIGTERM's) ends the capture while this thread is in stream(),
+            # perhaps holding the streamed shard's lock: that shard cannot be finished
             self._fail("the capture was ended while a tensor was being written")
         else:
             with self._stream_lock:
@@ -386,7 +392,7 @@ class DumpWriter:
         if first:
             self._report(f"{reason}; capture stopped, the dump is marked incomplete")
             with self._handful_lock:  # no later submit hands the held copies over: free them now
-                dropped, self._handful, self._handful_bytes = self._handful, [], 0
+                dropped = self._take_handful()
             for item in dropped:
                 self._drop(item)
 
@@ -437,7 +443,7 @@ def _yield_to_the_model() -> None:
         pass  # not Linux, or not allowed: the writer runs at normal priority
 
 
-def _reason(exc: Exception) -> str:
+def _reason(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
     text = str(exc).strip().splitlines()

@@ -56,21 +56,26 @@ def test_a_streamed_safetensors_shard_opens_in_safetensors_with_its_dtypes(tmp_p
 @pytest.mark.parametrize("storage", STORAGES)
 def test_a_tensor_cut_short_leaves_the_shard_whole(tmp_path, storage):
     # an error or an interrupt (KeyboardInterrupt, SystemExit) halfway through a tensor's bytes:
-    # the shard can still be sealed with the tensors before and after it
-    first, second, third = torch.arange(100.0), torch.ones(1 << 12), torch.arange(9.0)
+    # the shard can still be sealed with the tensors before and after it. 99 floats: the next
+    # tensor starts after 4 bytes of padding, which are taken back with it; the last one cut
+    # short leaves no bytes behind it either
+    first, cut, third = torch.arange(99.0), torch.ones(1 << 12), torch.arange(9.0)
     path = tmp_path / f"s.{storage_for(storage).suffix}"
     stream = _streamed(path, storage, {"first": first})
 
     def cut_short(sink):
-        sink(to_bytes_view(second)[:1000].numpy().data)
+        sink(to_bytes_view(cut)[:1000].numpy().data)
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        stream.append("second", second, cut_short)
+        stream.append("second", cut, cut_short)
     stream.append("third", third, lambda sink: host_summary(third, sink=sink))
+    with pytest.raises(KeyboardInterrupt):
+        stream.append("fourth", cut, cut_short)
     stream.seal()
     shard = storage_for(storage).open(path)
     for key, tensor in {"first": first, "third": third}.items():
         assert torch.equal(shard.get(key, nbytes=stored_nbytes(tensor.dtype, tensor.shape)), to_bytes_view(tensor))
-    with pytest.raises(Exception, match="missing"):
-        shard.get("second", nbytes=stored_nbytes(second.dtype, second.shape))
+    for key in ("second", "fourth"):
+        with pytest.raises(Exception, match="missing"):
+            shard.get(key, nbytes=stored_nbytes(cut.dtype, cut.shape))

@@ -319,7 +319,7 @@ def test_a_streamed_shards_header_room_follows_what_the_last_header_needed(tmp_p
         for record in dump.records:
             if record.file == name:
                 assert torch.equal(stored[record.key], tensors[record.seq])
-                assert header[record.key]["data_offsets"][0] % 8 == 0   # aligned, as safetensors aligns
+                assert header[record.key]["data_offsets"][0] % 8 == 0   # aligned for any dtype
     filled = len(shards) - 3   # those the first 40 tensors filled
     assert filled >= 2 and rooms[0] == 512
     assert all(rooms[i + 1] >= 2 * used[i] for i in range(filled))
@@ -354,3 +354,82 @@ def test_a_signal_handler_that_ends_the_capture_mid_tensor_does_not_hang(tmp_pat
         open_dump(tmp_path / "d")
     assert not list((tmp_path / "d" / DATA_DIR).glob(".*.tmp"))
 
+
+
+def test_a_signal_handler_that_ends_the_capture_as_a_hook_takes_the_shards_lock_does_not_hang(tmp_path):
+    # the handler may run at any bytecode of stream(), not only while a tensor's bytes are written:
+    # here, at its first check inside the lock
+    from tdiff.store.manifest import create_dump
+
+    class HandlerInside(DumpWriter):
+        hook_thread: int | None = None
+
+        @property
+        def failed(self) -> bool:
+            if threading.get_ident() == self.hook_thread and self._stream_lock.locked():
+                self.hook_thread = None
+                self.close("the process was ended by SIGTERM")
+            return self.error is not None
+
+    create_dump(tmp_path / "d", {"side": "d", "mode": "full", "storage": "safetensors", "tdiff": tdiff.__version__})
+    writer = HandlerInside(tmp_path / "d", "p0", {"side": "d", "mode": "full"})
+    x = torch.arange(10.0)
+
+    def hook():
+        writer.hook_thread = threading.get_ident()
+        writer.stream(_record_of(0, x), x)
+
+    ended = threading.Thread(target=hook, daemon=True)
+    ended.start()
+    ended.join(30)
+    assert not ended.is_alive(), "closing the writer inside stream() hung"
+    assert writer.failed
+
+
+def test_a_signal_handler_that_ends_the_capture_inside_submit_queues_no_record_twice(tmp_path):
+    # submit holds the handful's lock (re-entrant, so that the handler's close does not wait on
+    # it); a handful queued and then closed over must not be queued again by close
+    writer = _new_writer(tmp_path)
+    closed = []
+
+    class HandlerAfterPut:
+        def __init__(self, queue):
+            self.get, self._put = queue.get, queue.put
+
+        def put(self, message):
+            self._put(message)
+            if isinstance(message, list) and not closed:
+                closed.append(True)
+                writer.close()   # as SIGTERM's handler, on this thread, right after the put
+
+    writer._queue = HandlerAfterPut(writer._queue)
+    for seq in range(300):   # more than a handful: the first full one is queued by submit
+        writer.submit(_pending(seq, float(seq)))
+    assert closed
+    seqs = _journaled_seqs(tmp_path)
+    assert len(seqs) == len(set(seqs)) > 0
+
+
+def test_an_interrupt_while_a_full_shard_is_sealed_fails_the_part(tmp_path, monkeypatch):
+    # the shard is given up, and its records were submitted already: none may reach the manifest
+    import pytest
+
+    from tdiff.errors import DumpError
+    from tdiff.store.storage import SafetensorsStream
+
+    writer = _full_writer(tmp_path)
+    writer.streamed_shard_limit = 100
+    x = torch.arange(20.0)   # 80 bytes: the next tensor starts another shard
+    writer.stream(_record_of(0, x), x)
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(SafetensorsStream, "seal", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        writer.stream(_record_of(1, x), x)
+    assert writer.failed
+    writer.close()
+    assert _journaled_seqs(tmp_path) == []
+    with pytest.raises(DumpError, match="capture failed"):
+        open_dump(tmp_path / "d")

@@ -113,7 +113,7 @@ def test_with_allow_incomplete_a_missing_tensor_is_reported_missing_never_named_
     a = capture_in_small_shards(tmp_path / "a", model)
     planted = "model.layers.1.mlp.up_proj"
     b = capture_in_small_shards(tmp_path / "b", model, plant=planted)
-    lost = drop_the_shard_of(b, "model.layers.0.mlp.down_proj")
+    lost = drop_the_shard_of(b, "model.layers.0.mlp.up_proj")
     assert lost and not any(name.startswith("model.layers.1.") for name in lost)
 
     report = json.loads(tdiff_cli("bisect", a, b, "--allow-incomplete", "--json", expect=1).stdout)
@@ -123,7 +123,7 @@ def test_with_allow_incomplete_a_missing_tensor_is_reported_missing_never_named_
 
     # nothing differs but the missing tensors: reported, exit 1 as compare says, and no op named
     clean = capture_in_small_shards(tmp_path / "clean", model)
-    drop_the_shard_of(clean, "model.layers.0.mlp.down_proj")
+    drop_the_shard_of(clean, "model.layers.0.mlp.up_proj")
     report = json.loads(tdiff_cli("bisect", a, clean, "--allow-incomplete", "--json", expect=1).stdout)
     assert report["status"] == "diverged" and report["first_divergence"] is None
     assert any("captured on one side only" in note and "side A only" in note for note in report["notes"])

@@ -356,8 +356,8 @@ class H5Storage:
 
 class H5Stream(_Stream):
     """An HDF5 shard written tensor by tensor, as :class:`SafetensorsStream` writes safetensors:
-    the bytes are spooled into a plain file as they come, and sealing copies them into datasets
-    (on the thread that seals it: the writer's, or a hook's whose tensor starts the next shard).
+    the bytes are spooled into a plain file as they come, and sealing (the writer thread's, not
+    the model's) copies them into datasets.
     Not an HDF5 file held open meanwhile: a forked child (a data loader's worker) that closes its
     inherited copy of one, at exit if not before, flushes HDF5's state into the parent's file."""
 

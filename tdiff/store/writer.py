@@ -109,6 +109,7 @@ class DumpWriter:
         self._last_shard: Future | None = None  # journals its records after every shard before it
         self._stream_lock = threading.Lock()    # hooks of several threads may stream
         self._stream: ShardStream | None = None   # the shard host tensors are streamed into, while open
+        self._ended: list[ShardStream] = []   # streamed shards ended, sealed by the writer thread's next flush
         self._streaming = threading.local()   # .active: this thread is in stream(), maybe holding its lock
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"tdiff-writer-{part}", daemon=True)
@@ -171,11 +172,11 @@ class DumpWriter:
                 try:
                     values, fingerprint, file = self._append(key, tensor)
                 except Exception as exc:  # noqa: BLE001 - any write failure ends this part, not the model
-                    self._end_stream(give_up=True)
+                    self._give_up_stream()
                     self._fail(f"writing {self.root} failed: {_reason(exc)}")
                     return None
                 if self.failed:  # writing failed elsewhere meanwhile: the writer thread left this shard to us
-                    self._end_stream(give_up=True)
+                    self._give_up_stream()
                     return None
         finally:
             self._streaming.active = False
@@ -192,38 +193,42 @@ class DumpWriter:
 
         stream = self._stream
         if stream is not None and stream.nbytes + tensor.numel() * tensor.element_size() > self.streamed_shard_limit:
-            self._end_stream()
-            stream = None
-        if stream is None:
-            stream = self._open_stream()
+            stream = self._next_stream()
+        elif stream is None:
+            stream = self._stream = self._new_stream()
         try:
             return (*stream.append(key, tensor, write), stream.path.name)
         except HeaderFull:
             if not len(stream):
                 raise
-        self._end_stream()   # the next shard's header gets twice the room
-        stream = self._open_stream()
+        stream = self._next_stream()   # whose header has twice the room
         return (*stream.append(key, tensor, write), stream.path.name)
 
-    def _open_stream(self) -> ShardStream:
-        self._stream = self.storage.stream(self.root / DATA_DIR / self._new_shard_name())
+    def _new_stream(self) -> ShardStream:
+        return self.storage.stream(self.root / DATA_DIR / self._new_shard_name())
+
+    def _next_stream(self) -> ShardStream:
+        """End the streamed shard and open another; the writer thread seals the one ended at its
+        next flush (an HDF5 shard's seal copies it: not on the model's thread)."""
+        if self._stream is not None:
+            self._ended.append(self._stream)
+        self._stream = self._new_stream()
         return self._stream
 
-    def _end_stream(self, *, give_up: bool = False) -> None:
-        """Seal the streamed shard, if one is open (the caller holds the stream lock); with
-        ``give_up`` (or once writing has failed), remove it instead."""
-        stream, self._stream = self._stream, None
-        if stream is None:
-            return
-        if give_up or self.failed or not len(stream):
+    def _give_up_stream(self) -> None:
+        """Remove the streamed shard (writing failed; the caller holds the stream lock)."""
+        if self._stream is not None:
+            self._stream.discard()
+            self._stream = None
+
+    def _seal(self, stream: ShardStream) -> None:
+        if self.failed or not len(stream):
             stream.discard()
             return
         try:
             stream.seal()
-        except BaseException as exc:
+        except Exception:
             stream.discard()
-            # records naming the shard may be on their way to the manifest: none may reach it now
-            self._fail(f"writing {self.root} failed: {_reason(exc)}")
             raise
 
     def _hand_over(self, message) -> None:
@@ -332,12 +337,17 @@ class DumpWriter:
 
     def _flush_shard(self) -> None:
         """Hand the shard filled so far, and the records since the last one, to a shard writer.
-        The streamed shard is sealed first: some of those records may name it."""
+        The streamed shards are sealed first (outside the stream's lock, which hooks wait on):
+        some of those records may name them."""
+        streams: list[ShardStream] = []
         if self._lock_stream():
-            try:
-                self._guarded(self._end_stream)
-            finally:
-                self._stream_lock.release()
+            streams, self._ended = self._ended, []
+            if self._stream is not None:
+                streams.append(self._stream)
+                self._stream = None
+            self._stream_lock.release()
+        for stream in streams:
+            self._guarded(self._seal, stream)
         job = (self._shard_file, self._shard, self._records, self._tokens, self._shard_bytes, self._last_shard)
         self._shard_file, self._shard, self._records, self._tokens, self._shard_bytes = None, {}, [], [], 0
         self._last_shard = self._shard_writers.submit(self._write_shard, *job)

@@ -410,26 +410,30 @@ def test_a_signal_handler_that_ends_the_capture_inside_submit_queues_no_record_t
     assert len(seqs) == len(set(seqs)) > 0
 
 
-def test_an_interrupt_while_a_full_shard_is_sealed_fails_the_part(tmp_path, monkeypatch):
-    # the shard is given up, and its records were submitted already: none may reach the manifest
+def test_a_streamed_shard_that_cannot_be_sealed_fails_the_part_and_none_of_its_records_is_journaled(
+        tmp_path, monkeypatch):
+    # a full shard is sealed by the writer thread at its next flush, after its records were submitted
     import pytest
 
     from tdiff.errors import DumpError
+    from tdiff.store.manifest import DATA_DIR
     from tdiff.store.storage import SafetensorsStream
 
     writer = _full_writer(tmp_path)
     writer.streamed_shard_limit = 100
-    x = torch.arange(20.0)   # 80 bytes: the next tensor starts another shard
-    writer.stream(_record_of(0, x), x)
+    x = torch.arange(20.0)   # 80 bytes: each tensor starts another shard
+    seal = SafetensorsStream.seal
 
-    def interrupted(self):
-        raise KeyboardInterrupt
+    def disk_full_for_the_first(self):
+        if self.path.name.endswith("s00000.safetensors"):
+            raise OSError(28, "No space left on device")
+        seal(self)
 
-    monkeypatch.setattr(SafetensorsStream, "seal", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        writer.stream(_record_of(1, x), x)
-    assert writer.failed
+    monkeypatch.setattr(SafetensorsStream, "seal", disk_full_for_the_first)
+    for seq in range(3):
+        assert writer.stream(_record_of(seq, x), x) is not None   # the hook goes on: nothing is sealed there
     writer.close()
-    assert _journaled_seqs(tmp_path) == []
-    with pytest.raises(DumpError, match="capture failed"):
+    assert writer.failed and _journaled_seqs(tmp_path) == []
+    assert not list((tmp_path / "d" / DATA_DIR).glob(".*.tmp"))
+    with pytest.raises(DumpError, match="No space left on device"):
         open_dump(tmp_path / "d")

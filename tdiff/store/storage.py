@@ -128,11 +128,15 @@ class _Stream:
 
     def discard(self) -> None:
         """Give the file up (writing failed); never raises: it runs on the way out of a failure."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        with contextlib.suppress(OSError):
+            self._close()
         with contextlib.suppress(OSError):
             self._tmp.unlink(missing_ok=True)
+
+    def _close(self) -> None:
+        fd, self._fd = self._fd, -1   # closed once, even when closing fails
+        if fd >= 0:
+            os.close(fd)
 
 
 def _write_all(fd: int, view: memoryview) -> None:
@@ -194,8 +198,7 @@ class SafetensorsStream(_Stream):
         header = b"{" + b",".join(self._entries) + b"}"
         os.lseek(self._fd, 0, os.SEEK_SET)
         _write_all(self._fd, memoryview(struct.pack("<Q", length) + header.ljust(length, b" ")))
-        os.close(self._fd)
-        self._fd = -1
+        self._close()
         os.replace(self._tmp, self.path)
 
 

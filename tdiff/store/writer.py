@@ -50,6 +50,8 @@ _HANDFUL_ITEMS = 256
 # as before handfuls (with 16 MiB, full mode's 8 x 512 GPU forward reached the disk 2-9% later in 4
 # runs of 4, most likely for that)
 _HANDFUL_BYTES = 1 << 20
+# streamed shards ended (each an open file) before a hook asks the writer thread to flush them
+_ENDED_STREAMS_BEFORE_FLUSH = 16
 
 
 class Summary(Protocol):
@@ -208,28 +210,38 @@ class DumpWriter:
         return self.storage.stream(self.root / DATA_DIR / self._new_shard_name())
 
     def _next_stream(self) -> ShardStream:
-        """End the streamed shard and open another; the writer thread seals the one ended at its
-        next flush (an HDF5 shard's seal copies it: not on the model's thread)."""
-        if self._stream is not None:
-            self._ended.append(self._stream)
+        """End the streamed shard and open another. The one ended is sealed at the writer
+        thread's next flush, by a shard writer (an HDF5 shard's seal copies it: not on the
+        model's thread); after a few, a flush is asked for, so that open files do not pile up."""
+        ended, self._stream = self._stream, None
+        if ended is not None:
+            self._ended.append(ended)
+            if len(self._ended) == _ENDED_STREAMS_BEFORE_FLUSH:
+                self._hand_over(_FLUSH)
         self._stream = self._new_stream()
         return self._stream
 
     def _give_up_stream(self) -> None:
-        """Remove the streamed shard (writing failed; the caller holds the stream lock)."""
+        """Remove the streamed shards, open and ended (writing failed; the caller holds the
+        stream lock)."""
+        streams, self._ended = self._ended, []
         if self._stream is not None:
-            self._stream.discard()
+            streams.append(self._stream)
             self._stream = None
+        for stream in streams:
+            stream.discard()
 
-    def _seal(self, stream: ShardStream) -> None:
-        if self.failed or not len(stream):
-            stream.discard()
-            return
-        try:
-            stream.seal()
-        except Exception:
-            stream.discard()
-            raise
+    def _seal(self, streams: list[ShardStream]) -> None:
+        """Seal streamed shards; once writing has failed, remove them instead."""
+        for stream in streams:
+            if self.failed or not len(stream):
+                stream.discard()
+                continue
+            try:
+                stream.seal()
+            except Exception as exc:  # noqa: BLE001 - any write failure ends this part, not the model
+                stream.discard()
+                self._fail(f"writing {self.root} failed: {_reason(exc)}")
 
     def _hand_over(self, message) -> None:
         """Queue ``message`` for the writer thread after every item submitted before it."""
@@ -336,9 +348,9 @@ class DumpWriter:
         return f"{self.part}.s{next(self._shard_numbers):05d}.{self.storage.suffix}"
 
     def _flush_shard(self) -> None:
-        """Hand the shard filled so far, and the records since the last one, to a shard writer.
-        The streamed shards are sealed first (outside the stream's lock, which hooks wait on):
-        some of those records may name them."""
+        """Hand the shard filled so far, the streamed shards (some of the records may name them:
+        the shard writer seals them before it journals the records) and the records since the
+        last one, to a shard writer."""
         streams: list[ShardStream] = []
         if self._lock_stream():
             streams, self._ended = self._ended, []
@@ -346,24 +358,24 @@ class DumpWriter:
                 streams.append(self._stream)
                 self._stream = None
             self._stream_lock.release()
-        for stream in streams:
-            self._guarded(self._seal, stream)
-        job = (self._shard_file, self._shard, self._records, self._tokens, self._shard_bytes, self._last_shard)
+        job = (self._shard_file, self._shard, streams, self._records, self._tokens, self._shard_bytes,
+               self._last_shard)
         self._shard_file, self._shard, self._records, self._tokens, self._shard_bytes = None, {}, [], [], 0
         self._last_shard = self._shard_writers.submit(self._write_shard, *job)
 
     def _lock_stream(self) -> bool:
         """Take the stream lock, waiting for it only while writing has not failed: from then on,
-        a shard still held by a thread (one that a signal handler cut short, or one that finds the
-        failure once its tensor is written) is that thread's to give up."""
+        the streamed shards of a thread that holds it (one that a signal handler cut short, or one
+        that finds the failure once its tensor is written) are that thread's to give up."""
         while not self._stream_lock.acquire(timeout=0.05):
             if self.failed:
                 return False
         return True
 
-    def _write_shard(self, name: str | None, shard: dict, records: list[Record], tokens: list[TokenBatch],
-                     nbytes: int, previous: Future | None) -> None:
+    def _write_shard(self, name: str | None, shard: dict, streams: list[ShardStream], records: list[Record],
+                     tokens: list[TokenBatch], nbytes: int, previous: Future | None) -> None:
         try:
+            self._seal(streams)
             if name is not None and not self.failed:
                 self.storage.write(self.root / DATA_DIR / name, shard)
             shard.clear()  # the pinned copies go back to torch's cache

@@ -336,8 +336,10 @@ def test_a_signal_handler_that_ends_the_capture_mid_tensor_does_not_hang(tmp_pat
     from tdiff.store.manifest import DATA_DIR
 
     writer = _full_writer(tmp_path)
+    writer.streamed_shard_limit = 50   # 40 bytes a tensor: each in a shard of its own
     x = torch.arange(10.0)
-    writer.stream(_record_of(0, x), x)
+    for seq in range(3):   # two shards ended, one open: the handler leaves none behind
+        writer.stream(_record_of(seq, x), x)
     summarise = writer_module.host_summary
 
     def interrupted(tensor, sink=None):
@@ -345,7 +347,7 @@ def test_a_signal_handler_that_ends_the_capture_mid_tensor_does_not_hang(tmp_pat
         return summarise(tensor, sink=sink)
 
     monkeypatch.setattr(writer_module, "host_summary", interrupted)
-    ended = threading.Thread(target=writer.stream, args=(_record_of(1, x), x), daemon=True)
+    ended = threading.Thread(target=writer.stream, args=(_record_of(3, x), x), daemon=True)
     ended.start()
     ended.join(30)
     assert not ended.is_alive(), "closing the writer mid-tensor hung"
@@ -437,3 +439,21 @@ def test_a_streamed_shard_that_cannot_be_sealed_fails_the_part_and_none_of_its_r
     assert not list((tmp_path / "d" / DATA_DIR).glob(".*.tmp"))
     with pytest.raises(DumpError, match="No space left on device"):
         open_dump(tmp_path / "d")
+
+
+def test_ended_streamed_shards_are_flushed_before_their_open_files_pile_up(tmp_path):
+    from tdiff.store import writer as writer_module
+    from tdiff.store.manifest import DATA_DIR
+
+    writer = _full_writer(tmp_path)
+    writer.streamed_shard_limit = 50   # 40 bytes a tensor: each in a shard of its own
+    x = torch.arange(10.0)
+    count = writer_module._ENDED_STREAMS_BEFORE_FLUSH + 1   # the last one ends as many as that
+    for seq in range(count):
+        writer.stream(_record_of(seq, x), x)
+    writer.drain()   # no step ended, nothing flushed by the capture
+    data = tmp_path / "d" / DATA_DIR
+    assert not list(data.glob(".*.tmp")) and len(list(data.glob("*.safetensors"))) == count
+    assert _journaled_seqs(tmp_path) == list(range(count - 1))   # the last one's record comes later
+    writer.close()
+    assert [r.seq for r in open_dump(tmp_path / "d").records] == list(range(count))

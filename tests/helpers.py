@@ -96,6 +96,14 @@ def tdiff_process(*args, cwd=None, env=None, timeout=600):
     return _run([sys.executable, "-m", "tdiff"], args, cwd, env, timeout)
 
 
+def python_script(source: str, where: Path, *args, timeout=120):
+    """Run ``source`` as a Python script of its own (written into ``where``) from the repository
+    root, as a real subprocess."""
+    script = where / "script.py"
+    script.write_text(source)
+    return _run([sys.executable, str(script)], args, REPO, None, timeout)
+
+
 def _run(command: list[str], args, cwd, env, timeout):
     return subprocess.run([*command, *map(str, args)], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})})

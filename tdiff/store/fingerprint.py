@@ -49,12 +49,16 @@ def _shape_tag(dtype: str, shape) -> bytes:
     return f"{dtype}{list(shape)}".encode()
 
 
-def xxh3_fingerprint(tensor: torch.Tensor) -> str:
-    """XXH3-128 over dtype, shape and raw bytes of a host tensor."""
+def xxh3_fingerprint(tensor: torch.Tensor, sink=None) -> str:
+    """XXH3-128 over dtype, shape and raw bytes of a host tensor; ``sink``, if given, is handed
+    the bytes once they are hashed."""
     hasher = xxhash.xxh3_128(_shape_tag(dtype_name(tensor.dtype), tensor.shape))
     raw = to_bytes_view(tensor)
     if raw.numel():
-        hasher.update(raw.numpy().data)
+        data = raw.numpy().data
+        hasher.update(data)
+        if sink is not None:
+            sink(data)
     return "xxh3:" + hasher.hexdigest()
 
 
@@ -183,13 +187,7 @@ def host_summary(tensor: torch.Tensor, *, chunk: int = _CHUNK, sink=None) -> tup
     gives them) in order, a buffer at a time, each once it is hashed: from the cache, too."""
     t = _own_values(tensor)
     if t is None:
-        raw = to_bytes_view(tensor)
-        hasher = xxhash.xxh3_128(_shape_tag(dtype_name(tensor.dtype), tensor.shape))
-        if raw.numel():
-            hasher.update(raw.numpy().data)
-            if sink is not None:
-                sink(raw.numpy().data)
-        return host_stats(tensor), "xxh3:" + hasher.hexdigest()
+        return host_stats(tensor), xxh3_fingerprint(tensor, sink=sink)
     hasher = xxhash.xxh3_128(_shape_tag(dtype_name(t.dtype), t.shape))
     stats = _chunked_stats(t, hasher, chunk=chunk, sink=sink)
     return stats, "xxh3:" + hasher.hexdigest()

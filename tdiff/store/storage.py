@@ -41,18 +41,20 @@ SAFETENSORS_DTYPES = {
     "F8_E5M2": torch.float8_e5m2, "F8_E5M2FNUZ": torch.float8_e5m2fnuz, "C64": torch.complex64,
 }
 
+# safetensors' dtype names by torch dtype
+_SAFETENSORS_NAMES = {dtype: name for name, dtype in SAFETENSORS_DTYPES.items()}
+
 
 class SafetensorsStorage:
     suffix = "safetensors"
 
     def __init__(self):
-        self._native = set(SAFETENSORS_DTYPES.values())
         self._last_stream: SafetensorsStream | None = None
 
     def write(self, path: Path, tensors: dict[str, torch.Tensor]) -> None:
         from safetensors import TensorSpec, serialize_file
 
-        storable = {key: t if t.dtype in self._native and t.is_contiguous() else to_bytes_view(t)
+        storable = {key: t if t.dtype in _SAFETENSORS_NAMES and t.is_contiguous() else to_bytes_view(t)
                     for key, t in tensors.items()}
         # Not safetensors.torch.save_file: it asks every tensor for its storage, to refuse tensors
         # that share memory (~180 us a tensor for pinned memory on the GPU machine, a third of a
@@ -78,8 +80,6 @@ class SafetensorsStorage:
         return self._last_stream
 
 
-# safetensors' dtype names by torch dtype
-_SAFETENSORS_NAMES = {dtype: name for name, dtype in SAFETENSORS_DTYPES.items()}
 T = TypeVar("T")
 _ALIGNMENT = 8   # each tensor's bytes start on a multiple of this: mapped, each is aligned for its dtype
 STREAM_HEADER_ROOM = 64 << 10   # a streamed shard's header room at least: ~700 tensors' entries
@@ -101,7 +101,7 @@ class _Stream:
     def __init__(self, path: Path, data_start: int):
         self.path = path
         self.nbytes = 0   # data bytes written
-        self._tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:6]}.tmp")
+        self._tmp = _temporary_path(path)
         self._fd = os.open(self._tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         self._data_start = data_start
 
@@ -478,8 +478,13 @@ def storage_for_file(path: Path):
     return storage_for("h5" if path.suffix == ".h5" else "safetensors")
 
 
+def _temporary_path(path: Path) -> Path:
+    """Where a shard is written before it is renamed into place (FORMAT.md names the pattern)."""
+    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:6]}.tmp")
+
+
 def _write_atomically(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:6]}.tmp")
+    tmp = _temporary_path(path)
     try:
         write(tmp)
         os.replace(tmp, path)

@@ -221,17 +221,21 @@ class DumpWriter:
         self._stream = self._new_stream()
         return self._stream
 
-    def _give_up_stream(self) -> None:
-        """Remove the streamed shards, open and ended (writing failed; the caller holds the
-        stream lock)."""
+    def _take_streams(self) -> list[ShardStream]:
+        """The streamed shards, ended and open, none left open (the caller holds the stream lock)."""
         streams, self._ended = self._ended, []
         if self._stream is not None:
             streams.append(self._stream)
             self._stream = None
-        for stream in streams:
+        return streams
+
+    def _give_up_stream(self) -> None:
+        """Remove the streamed shards, open and ended (writing failed; the caller holds the
+        stream lock)."""
+        for stream in self._take_streams():
             stream.discard()
 
-    def _seal(self, streams: list[ShardStream]) -> None:
+    def _seal_streams(self, streams: list[ShardStream]) -> None:
         """Seal streamed shards; once writing has failed, remove them instead."""
         for stream in streams:
             if self.failed or not len(stream):
@@ -353,10 +357,7 @@ class DumpWriter:
         last one, to a shard writer."""
         streams: list[ShardStream] = []
         if self._lock_stream():
-            streams, self._ended = self._ended, []
-            if self._stream is not None:
-                streams.append(self._stream)
-                self._stream = None
+            streams = self._take_streams()
             self._stream_lock.release()
         job = (self._shard_file, self._shard, streams, self._records, self._tokens, self._shard_bytes,
                self._last_shard)
@@ -375,7 +376,7 @@ class DumpWriter:
     def _write_shard(self, name: str | None, shard: dict, streams: list[ShardStream], records: list[Record],
                      tokens: list[TokenBatch], nbytes: int, previous: Future | None) -> None:
         try:
-            self._seal(streams)
+            self._seal_streams(streams)
             if name is not None and not self.failed:
                 self.storage.write(self.root / DATA_DIR / name, shard)
             shard.clear()  # the pinned copies go back to torch's cache

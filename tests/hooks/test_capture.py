@@ -294,15 +294,9 @@ with tdiff.capture(sys.argv[1], storage=sys.argv[2]):
 def test_a_forked_child_leaves_the_shard_its_parent_is_writing_whole(tmp_path, storage):
     # the parent's open shard is inherited by the child: closing or flushing it there (HDF5 does,
     # for a file it holds open) would change the parent's file under it
-    import subprocess
-    import sys
+    from tests.helpers import python_script
 
-    from tests.helpers import REPO
-
-    script = tmp_path / "fork.py"
-    script.write_text(FORKING)
-    result = subprocess.run([sys.executable, script, tmp_path / "d", storage], capture_output=True, text=True,
-                            timeout=120, cwd=REPO)
+    result = python_script(FORKING, tmp_path, tmp_path / "d", storage)
     assert result.returncode == 0, result.stderr
     dump = open_dump(tmp_path / "d")
     assert dump.complete

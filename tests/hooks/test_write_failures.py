@@ -1,13 +1,12 @@
 """Disk full or a vanished directory during capture: a clear error, an incomplete dump, and the
 model's own run unharmed."""
 
-import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from tests.helpers import REPO, tdiff_cli
+from tests.helpers import python_script, tdiff_cli
 
 FILE_SIZE_LIMITED = textwrap.dedent("""
     import resource, signal, sys
@@ -31,10 +30,7 @@ FILE_SIZE_LIMITED = textwrap.dedent("""
 
 @pytest.mark.parametrize("storage", ["safetensors", "h5"])
 def test_a_full_disk_marks_the_dump_incomplete_and_the_model_runs_on(tmp_path, storage):
-    script = tmp_path / "limited.py"
-    script.write_text(FILE_SIZE_LIMITED)
-    result = subprocess.run([sys.executable, script, tmp_path / "d", storage], capture_output=True, text=True,
-                            timeout=120, cwd=REPO)
+    result = python_script(FILE_SIZE_LIMITED, tmp_path, tmp_path / "d", storage)
     assert result.returncode == 0, result.stderr
     assert "model ok" in result.stdout
     errors = [line for line in result.stderr.splitlines() if line.startswith("tdiff:")]

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
 import sys
 from pathlib import Path
 
@@ -12,7 +9,7 @@ import click
 
 from tdiff.cli.options import batch_row_option, capture_selection_options, check_capture_selection, quiet_option
 from tdiff.errors import TdiffError
-from tdiff.store.manifest import DATA_DIR, DUMP_FILE, MANIFEST_DIR, STORAGES, describe_exit, read_part
+from tdiff.store.manifest import STORAGES, describe_exit
 from tdiff.vocab.parse import parse_size
 
 
@@ -35,7 +32,8 @@ from tdiff.vocab.parse import parse_size
               help="GPU memory for the static buffers that record tensors inside CUDA graphs; past "
                    "it, the rest of a graph is recorded as statistics (see docs/GPU.md).")
 @click.option("--force", is_flag=True, help="Replace a dump in --out that holds records (one that holds "
-                                        "none, from a failed run, is replaced anyway).")
+                                        "none, from a failed run, is replaced anyway); never one that another "
+                                        "capture is still writing.")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
               help="Run the command N times into --out/run-1 ... run-N; `tdiff bisect OUT` then "
                    "names the first op that is not bitwise repeatable.")
@@ -51,8 +49,10 @@ def capture(out, side, select, exclude, layers, steps, ops, mode, storage, max_p
     tdiff capture --out dumps/rep --repeat 5 -- python run.py
     tdiff capture --out dumps/a --ops '^model\\.layers\\.1\\.self_attn$' -- python run.py
 
-    Each process (rank) writes its own manifest and shards into --out. Exit status: the
-    command's own when it fails, 2 when nothing was captured, 3 when tdiff itself failed, else 0.
+    Each process (rank) writes its own manifest and shards into --out. A second capture of the
+    same --out while this one runs is refused (exit 2; a lock, --out/tdiff.lock, that goes with
+    the process holding it). Exit status: the command's own when it fails, 2 when nothing was
+    captured or --out is taken, 3 when tdiff itself failed, else 0.
     """
     from dataclasses import replace
 
@@ -65,78 +65,45 @@ def capture(out, side, select, exclude, layers, steps, ops, mode, storage, max_p
                            exclude=tuple(exclude), layers=layers, steps=steps, batch_row=batch_row,
                            max_pending_bytes=parse_size(max_pending, "--max-pending"),
                            graph_budget_bytes=parse_size(graph_budget, "--graph-budget"), ops=tuple(ops))
-    _prepare_out(out, force)
-    if repeat == 1:
-        runs = [config]
-    else:
-        from tdiff.store.repeats import write_repeat_index
-
-        runs = [replace(config, out=run, side=f"{config.side} {run.name}")
-                for run in write_repeat_index(out, repeat, list(command))]
-    for run in runs:
-        returncode = run_command(list(command), capture=run)
-        _summarize(run.out, returncode, quiet)
-        if returncode != 0:
-            sys.exit(exit_status(returncode))
-
-
-def _prepare_out(out: Path, force: bool) -> None:
-    if not out.exists() or not any(out.iterdir()):
-        return
-    from tdiff.store.repeats import REPEAT_FILE
-
-    if not ((out / DUMP_FILE).is_file() or (out / REPEAT_FILE).is_file()):
-        raise TdiffError(f"{out} exists and is not a dump; choose another --out")
-    # a run that failed before recording anything leaves nothing to protect: the retry replaces it
-    if not force and _holds_records(out):
-        raise TdiffError(f"{out} already holds a dump; pass --force to replace it")
-    foreign = None if force else _file_tdiff_did_not_write(out)
-    if foreign is not None:
-        raise TdiffError(f"{out} holds {foreign.relative_to(out)}, which tdiff did not write; "
-                         "pass --force to replace the dump and it, or choose another --out")
-    if out.is_symlink():
-        raise TdiffError(f"{out} is a symbolic link; --force replaces only a dump directory itself: "
-                         f"pass the directory it points to ({os.path.realpath(out)}) or another --out")
+    lock = _claim_out(out, force)
     try:
-        shutil.rmtree(out)
-    except OSError as exc:
-        raise TdiffError(f"cannot remove the dump in {out} ({exc.strerror or exc}); "
-                         "remove it yourself or choose another --out") from None
+        if repeat == 1:
+            runs = [config]
+        else:
+            from tdiff.store.repeats import write_repeat_index
+
+            runs = [replace(config, out=run, side=f"{config.side} {run.name}")
+                    for run in write_repeat_index(out, repeat, list(command))]
+        for run in runs:
+            returncode = run_command(list(command), capture=run)
+            _summarize(run.out, returncode, quiet)
+            if returncode != 0:
+                sys.exit(exit_status(returncode))
+    finally:
+        lock.release()
 
 
-def _holds_records(folder: Path) -> bool:
-    """Whether a dump (or a repeat folder's runs) holds any record or tensor data, complete or
-    not; a manifest that cannot be read counts as holding some."""
-    from tdiff.errors import DumpError
+def _claim_out(out: Path, force: bool):
+    """Lock ``out`` for this command's run and empty it: a second capture of the same directory is
+    refused while this one runs (the command's own processes write their parts into it unlocked)."""
+    import shlex
 
-    for manifest in folder.rglob(f"{MANIFEST_DIR}/*.jsonl"):
-        try:
-            if read_part(manifest).records:
-                return True
-        except DumpError:
-            if manifest.stat().st_size > 0:
-                return True
-    return any(path.is_file() for data in folder.rglob(DATA_DIR) for path in data.rglob("*"))
+    from tdiff.store.ownership import DumpLock, Holder, check_is_dump, new_run_id, prepare_folder, refuse_held
+
+    check_is_dump(out, _ELSEWHERE)  # before a lock file is put into it
+    lock = DumpLock.acquire(out)
+    if isinstance(lock, Holder):
+        raise refuse_held(out, lock, _ELSEWHERE)
+    try:
+        prepare_folder(out, force=force, force_hint="--force", elsewhere=_ELSEWHERE)
+        lock.announce(new_run_id(), shlex.join(["tdiff", *sys.argv[1:]]))
+    except BaseException:
+        lock.release()
+        raise
+    return lock
 
 
-_REPEAT_RUN = re.compile(r"run-\d+")
-
-
-def _file_tdiff_did_not_write(folder: Path) -> Path | None:
-    """The first path in a dump (or a repeat folder's runs) that capture does not write there: a
-    file the command put next to the dump (its log, say), which only --force may remove."""
-    from tdiff.bisect.repeats import REPEAT_FILE
-
-    for path in folder.rglob("*"):
-        parts = path.relative_to(folder).parts
-        if _REPEAT_RUN.fullmatch(parts[0]):
-            parts = parts[1:]  # a repeat run's dump
-        if not parts or parts in ((DUMP_FILE,), (REPEAT_FILE,), (MANIFEST_DIR,)) or parts[0] == DATA_DIR:
-            continue  # (tensor data counts as records: see _holds_records)
-        if parts[0] == MANIFEST_DIR and len(parts) == 2 and parts[1].endswith(".jsonl"):
-            continue
-        return path
-    return None
+_ELSEWHERE = "choose another --out"
 
 
 def _summarize(out: Path, returncode: int, quiet: bool) -> None:

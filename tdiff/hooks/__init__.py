@@ -10,11 +10,14 @@ from tdiff.hooks.cuda_graphs import graph_replayed, graph_rows, warmup
 
 
 def capture(out_dir, *, side=None, select=(), exclude=(), layers=None, steps=None, mode="full",
-            storage="safetensors", model=None, ops=(), **options) -> Capture:
+            storage="safetensors", model=None, ops=(), force=False, **options) -> Capture:
     """Record module inputs and outputs into ``out_dir`` while the ``with`` block runs.
 
     Args:
-        out_dir: the dump directory (created; several processes may share it).
+        out_dir: the dump directory (created; the processes of one run share it: a program's
+            torchrun ranks and multiprocessing workers, the processes it starts while capturing).
+            Another capture writing there at the same time (a second program, `tdiff capture`) is
+            refused, as is an earlier run's dump that holds records, unless ``force``.
         side: a label for reports (defaults to the directory name).
         select / exclude: regexes searched in module paths (and explicit dump names, for exclude).
         layers / steps: ranges like "0-3,7" (or ints, or lists) restricting what is recorded.
@@ -25,6 +28,8 @@ def capture(out_dir, *, side=None, select=(), exclude=(), layers=None, steps=Non
             module, every ATen op's output is recorded too, with the op's name, the Python function
             and source line that ran it and references to its inputs' records (tdiff.hooks.ops);
             bisect then names the op that introduced a divergence in that module's own code.
+        force: replace an earlier run's dump in ``out_dir`` (and the files beside it), as
+            ``tdiff capture --force`` does; a capture still writing there is never replaced.
         options: ``max_pending_bytes`` (host memory held by pending writes of GPU tensors, default 2 GiB),
             ``shard_bytes`` (shard size cap), ``batch_row`` (record only this row of every tensor
             whose leading dimension is the batch size of the outermost call's first input: one
@@ -33,7 +38,7 @@ def capture(out_dir, *, side=None, select=(), exclude=(), layers=None, steps=Non
             CUDA graphs, default 1 GiB; past it, the rest of a graph is recorded as statistics).
     """
     return Capture(out_dir, side=side, select=select, exclude=exclude, layers=layers, steps=steps,
-                   mode=mode, storage=storage, model=model, ops=ops, **options)
+                   mode=mode, storage=storage, model=model, ops=ops, force=force, **options)
 
 
 def dump(name: str, value, *, positions=None, seq_ids=None):

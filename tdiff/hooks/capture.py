@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 from tdiff.errors import TdiffError
 from tdiff.hooks.active import active_capture, set_active
 from tdiff.hooks.annotations import annotate, annotating_framework, registrations
+from tdiff.hooks.claim import Claim
 from tdiff.hooks.cuda_graphs import DEFAULT_GRAPH_BUDGET, GraphRecorder, install_graph_hooks
 from tdiff.hooks.device import Summarizer, host_copy
 from tdiff.hooks.naming import ModulePaths, flatten_call_inputs, flatten_tensors, tensor_name
@@ -113,7 +114,8 @@ class Capture:
                  steps=None, mode: str = "full", storage: str = "safetensors", model=None,
                  max_pending_bytes: int = DEFAULT_MAX_PENDING,
                  shard_bytes: int = DEFAULT_SHARD_BYTES, batch_row: int | None = None,
-                 graft: dict | None = None, graph_budget_bytes: int = DEFAULT_GRAPH_BUDGET, ops=()):
+                 graft: dict | None = None, graph_budget_bytes: int = DEFAULT_GRAPH_BUDGET, ops=(),
+                 force: bool = False, launched: bool = False):
         if mode not in MODES:
             raise TdiffError(f"--mode {mode!r}: use one of {', '.join(MODES)}")
         if storage not in STORAGES:
@@ -125,6 +127,9 @@ class Capture:
         self.selection = Selection(list(select), list(exclude), _ranges(layers, "--layers"),
                                    _ranges(steps, "--steps"))
         self.model = model
+        self.force = force          # replace an earlier run's dump in out_dir
+        self.launched = launched    # started by a command runner that holds the dump (tdiff.launch)
+        self._claim: Claim | None = None
         self.max_pending_bytes = max_pending_bytes
         self.shard_bytes = shard_bytes
         if batch_row is not None and batch_row < 0:
@@ -161,9 +166,16 @@ class Capture:
         active = active_capture()
         if active is not None:
             raise TdiffError(f"a capture into {active.root} is already active in this process")
-        create_dump(self.root, {"side": self.side, "mode": self.mode, "storage": self.storage,
-                                "tdiff": tdiff.__version__})
-        self.writer = self._new_writer()
+        claim = None if self.launched else Claim(self.root, force=self.force)
+        try:
+            create_dump(self.root, {"side": self.side, "mode": self.mode, "storage": self.storage,
+                                    "tdiff": tdiff.__version__})
+            self.writer = self._new_writer()
+        except BaseException:
+            if claim is not None:
+                claim.release()
+            raise
+        self._claim = claim
         if self.model is not None:
             self._paths.name_tree(self.model)
             self._wrap_forward(self.model)
@@ -185,6 +197,9 @@ class Capture:
             self._summaries.flush()
             self.writer.close(error, notes=self.notes)
             self.writer = None
+        if self._claim is not None:
+            self._claim.release()
+            self._claim = None
 
     def __enter__(self) -> Self:
         return self.start()

@@ -47,9 +47,11 @@ from tdiff.hooks.annotations import annotate, annotating_framework, registration
 from tdiff.hooks.claim import Claim
 from tdiff.hooks.cuda_graphs import DEFAULT_GRAPH_BUDGET, GraphRecorder, install_graph_hooks
 from tdiff.hooks.device import Summarizer, host_copy
+from tdiff.hooks.layouts import unrecordable
 from tdiff.hooks.naming import ModulePaths, flatten_call_inputs, flatten_tensors, tensor_name
 from tdiff.hooks.ops import OpRecorder, OpTracer
 from tdiff.hooks.selection import Selection
+from tdiff.hooks.stack_room import StackRoom
 from tdiff.hooks.tokens import describe_tokens, row_tokens, token_source
 from tdiff.vocab.parse import parse_ranges
 from tdiff.vocab.paths import call_layer, layer_of
@@ -151,6 +153,7 @@ class Capture:
         self._summaries = Summarizer()
         self._forward_restore: Callable[[], None] | None = None
         self._graphs = GraphRecorder(self, graph_budget_bytes)   # CUDA graph capture and replays
+        self._stack_room = StackRoom()   # capture's frames do not count against the program's recursion limit
         self.notes: list[str] = []   # what the dump must say about how it was recorded
         self._ops = OpRecorder([ops] if isinstance(ops, str) else ops) if ops else None
         self._pending_tokens: TokenBatch | None = None   # tdiff.tokens() given before its forward ran
@@ -197,6 +200,7 @@ class Capture:
             self._summaries.flush()
             self.writer.close(error, notes=self.notes)
             self.writer = None
+        self._stack_room.give_back()
         if self._claim is not None:
             self._claim.release()
             self._claim = None
@@ -270,6 +274,7 @@ class Capture:
 
     def _module_call(self, module, invoke, args, kwargs):
         stack = self._stack
+        self._stack_room.make_room(len(stack) + 1)
         parent = stack[-1] if stack else None
         if parent is not None and parent.compiled:
             return invoke(*args, **kwargs)  # inside compiled code (or its eager fallbacks): not recorded
@@ -449,9 +454,12 @@ class Capture:
 
     def _record(self, tensor: torch.Tensor, name: str, sub: str, role: str, call: int,
                 where: tuple, explicit_attrs: dict | None = None, op: dict | None = None) -> int | None:
-        device = tensor.device
-        if device.type == "meta":
+        unfit = unrecordable(tensor)
+        if unfit is not None:
+            if not any(note.startswith(unfit) for note in self.notes):   # once a kind
+                self.note(f"{unfit}: not recorded (the first: {name})")
             return None
+        device = tensor.device
         module_path, module, parent, depth, annotator, counter, layer = where
         graph = self._graphs.capturing()
         seq = next(self._seq)

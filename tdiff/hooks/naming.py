@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from tdiff.hooks.layouts import strided_parts
 from tdiff.vocab.nested import Nested, leaf_name
 from tdiff.vocab.paths import ROOT_LABEL
 
@@ -27,11 +28,13 @@ CALL_VALUES = Nested(torch.Tensor, max_depth=6, skip=SKIPPED_TYPES)
 
 
 def flatten_tensors(value, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (sub-name, tensor) for every tensor in a nested value, in a stable order."""
+    """Yield (sub-name, tensor) for every tensor in a nested value, in a stable order; a nested,
+    sparse or wrapper tensor as the strided tensors it is made of (tdiff.hooks.layouts)."""
     if isinstance(value, torch.Tensor):  # most values are one tensor: no walk (capture runs this per call)
-        yield prefix, value
+        yield from strided_parts(prefix, value)
     else:
-        yield from CALL_VALUES.leaves(value, prefix)
+        for sub, tensor in CALL_VALUES.leaves(value, prefix):
+            yield from strided_parts(sub, tensor)
 
 
 _POSITIONS = tuple(str(i) for i in range(16))

@@ -13,12 +13,13 @@ wrapper subclass            the inner tensors its ``__tensor_flatten__`` names (
                             ``DTensor._local_tensor``): ``<class>.<attribute>``
 ==========================  ====================================================================
 
-A tensor with no values (the meta device) is not recorded: :func:`unrecordable` says why, and
-capture notes it in the dump.
+A tensor with no values of its own (the meta device, FakeTensorMode, inside torch.func's vmap or
+grad) is not recorded: :func:`unrecordable` says why, and capture notes it in the dump.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 
 import torch
@@ -79,6 +80,11 @@ def unrecordable(tensor: torch.Tensor) -> str | None:
     """Why capture cannot record ``tensor`` (a part :func:`strided_parts` gave), None when it can."""
     if tensor.device.type == "meta":
         return "tensors on the meta device hold no values"
+    if torch._C._functorch.is_functorch_wrapped_tensor(tensor):
+        return "tensors inside torch.func transforms (vmap, grad) have no storage of their own"
+    fake = sys.modules.get("torch._subclasses.fake_tensor")
+    if fake is not None and isinstance(tensor, fake.FakeTensor):
+        return "fake tensors (FakeTensorMode) hold no values"
     if tensor.layout is not torch.strided or tensor.is_nested or _is_wrapper(tensor):
         return f"tensors of layout {tensor.layout} ({type(tensor).__name__}) cannot be taken apart"
     return None

@@ -199,3 +199,27 @@ def test_a_model_recursing_without_end_still_meets_recursion_error_under_capture
         assert _deepest(model, x) < deepest + sys.getrecursionlimit() // 10
         with pytest.raises(RecursionError):
             model(x, 10**6)
+
+
+@pytest.mark.parametrize("transform", ["vmap", "grad", "fake"])
+def test_tensors_without_storage_of_their_own_are_skipped_with_a_note(tmp_path, transform):
+    """Inside torch.func's vmap and grad and under FakeTensorMode a module's tensors hold no values
+    capture can read: the program runs, those are noted, the rest is recorded."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.func import grad
+
+    layer = torch.nn.Linear(4, 4)
+    with tdiff.capture(tmp_path / "d"):
+        if transform == "vmap":
+            out = torch.vmap(layer)(torch.ones(3, 2, 4))
+            assert torch.allclose(out[1], layer(torch.ones(2, 4)))
+        elif transform == "grad":
+            assert grad(lambda x: layer(x).sum())(torch.ones(4)).shape == (4,)
+        else:
+            with FakeTensorMode():
+                assert torch.nn.Linear(4, 4)(torch.ones(2, 4)).shape == (2, 4)
+        tdiff.dump("after", torch.ones(2))
+    dump = open_dump(tmp_path / "d")
+    assert not dump.problems
+    assert [r.name for r in dump.records if r.role == "explicit"] == ["after"]
+    assert any("not recorded" in note for note in dump.notes), dump.notes

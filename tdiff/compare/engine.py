@@ -182,6 +182,9 @@ class PairComparator:
             side = "B" if pair.a is None else "A"
             return self._result(pair, status, reason=pair.note or f"captured on side {side} only")
         ra, rb = pair.a.record, pair.b.record
+        quantization = quantization_differs(ra, rb)
+        if quantization is not None:   # equal integers stand for other values
+            return self._result(pair, "mismatch", reason=quantization)
         if pair.a.load is None and pair.b.load is None:
             # the shapes and dtypes are known before loading when tensors are compared as stored
             if ra.shape != rb.shape:
@@ -253,6 +256,25 @@ class PairComparator:
                           b=pair.b.record if pair.b else None, metrics=metrics, reason=reason,
                           kind=pair.kind, plan_a=pair.a.plan if pair.a else [],
                           plan_b=pair.b.plan if pair.b else [], tokens=tokens)
+
+
+def quantization_differs(a: Record, b: Record) -> str | None:
+    """How two quantized tensors' scales or zero points differ (capture keeps them in
+    attrs["quantization"] beside the integers), or None where they agree."""
+    qa, qb = a.attrs.get("quantization"), b.attrs.get("quantization")
+    if qa == qb:
+        return None
+    qa, qb = qa or {}, qb or {}
+    parts = []
+    for key in dict.fromkeys([*qa, *qb]):
+        va, vb = qa.get(key), qb.get(key)
+        if va == vb:
+            continue
+        if isinstance(va, list) and isinstance(vb, list) and len(va) == len(vb):   # per channel: the first
+            i = next(i for i, (x, y) in enumerate(zip(va, vb)) if x != y)
+            key, va, vb = f"{key}[{i}]", va[i], vb[i]
+        parts.append(f"{key} {va} vs {vb}")
+    return "quantization differs: " + ", ".join(parts)
 
 
 def _same_verified_fingerprint(a: Record, b: Record) -> bool:

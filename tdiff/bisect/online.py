@@ -56,7 +56,7 @@ def bisect_commands(run_a: str, run_b: str, work: Path, options: OnlineOptions,
     if options.stats_pass and options.tolerance.exact:
         result, final_a = _with_stats_pass(runner, options)
     else:
-        why = "--no-stats-pass" if not options.stats_pass else "fingerprints cannot judge --atol/--rtol"
+        why = "--no-stats-pass" if not options.stats_pass else "fingerprints cannot judge --atol/--rtol/--ulp"
         echo(f"stats pass skipped ({why}): binary search over boundaries with selective captures")
         result, final_a = _with_search(runner, options)
     result.notes += zoom_in(runner, result.first_divergence, options.tolerance, options.pairing)  # to the op

@@ -30,12 +30,35 @@ from tdiff.vocab.kinds import op_kind
 from tdiff.vocab.paths import ROOT_LABEL
 
 
+STATE_NOT_RECORDED = "parameters and buffers are not recorded"
+MADE_UNRECORDED = "made where no op record holds it: before the call, or on another thread"
+
+
 def _found(a: Record | None, b: Record | None, parted: bool) -> OpDivergence:
     """The op where the runs part, from each side's op record (None: that side's ops ended)."""
     op_a, op_b = _op_fields(a), _op_fields(b)
     return OpDivergence(name=op_a.get("name"), index=op_a.get("index"), function=op_a.get("function"),
                         source=op_a.get("source"), name_b=op_b.get("name"), index_b=op_b.get("index"),
-                        function_b=op_b.get("function"), source_b=op_b.get("source"), parted=parted)
+                        function_b=op_b.get("function"), source_b=op_b.get("source"), parted=parted,
+                        not_compared=None if parted else uncompared_op_inputs(op_a, op_b))
+
+
+def uncompared_op_inputs(op_a: dict, op_b: dict) -> str | None:
+    """The inputs of an op that no record held on either side (so bisect never compared them):
+    "<names> (<why>); ...", the module's parameters and buffers by name, other tensors by
+    position; None when every input was a record compared before the op."""
+    groups: dict[str, list[str]] = {}
+    for op in (op_a, op_b):
+        inputs, state = op.get("inputs") or [], op.get("state") or []
+        for position, seq in enumerate(inputs):
+            if seq is not None:
+                continue
+            name = state[position] if position < len(state) else None
+            why = STATE_NOT_RECORDED if name is not None else MADE_UNRECORDED
+            label = name if name is not None else f"input {position}"
+            if label not in groups.setdefault(why, []):
+                groups[why].append(label)
+    return "; ".join(f"{', '.join(names)} ({why})" for why, names in groups.items()) or None
 
 
 def _op_fields(record: Record | None) -> dict:

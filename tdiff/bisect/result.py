@@ -111,6 +111,8 @@ class Divergence:
     # the first differing token {seq_a, seq_b, position, step_a, step_b}; None unless aligned by token
     token: dict | None = None
     op: OpDivergence | None = None  # the op inside the culprit's call, from op records (tdiff.bisect.ops)
+    # the culprit module's inputs bisect did not compare, "<names> (<why>); ..." (event "output")
+    not_compared: str | None = None
     # the bisection's working state, not part of the result:
     first: Comparison | None = field(default=None, compare=False, repr=False)  # the verdict on ``name``
     module_call: int | None = field(default=None, compare=False)  # call index of ``module`` (for graft)
@@ -151,11 +153,13 @@ class OpDivergence:
     function_b: str | None
     source_b: str | None
     parted: bool
+    # the op's inputs no record held, "<names> (<why>)"; None when every input was compared
+    not_compared: str | None = None
 
     def describe(self) -> str:
         side_a = _describe_op(self.name, self.index, self.function, self.source)
         if not self.parted:
-            return f"op {side_a}: its inputs match, its output differs"
+            return f"op {side_a}: {inputs_verdict(self.not_compared)}"
         side_b = _describe_op(self.name_b, self.index_b, self.function_b, self.source_b)
         return f"the op sequences part at op {side_a} on side A and op {side_b} on side B"
 
@@ -165,6 +169,14 @@ class OpDivergence:
     @classmethod
     def from_json(cls, data: dict) -> OpDivergence:
         return cls(**_fields_from_json(cls, data))
+
+
+def inputs_verdict(not_compared: str | None) -> str:
+    """What bisect says of a culprit whose output differs: "its inputs match" only when every
+    input was compared and equal."""
+    if not_compared is None:
+        return "its inputs match, its output differs"
+    return f"its compared inputs match; not compared: {not_compared}; its output differs"
 
 
 def _describe_op(name: str | None, index: int | None, function: str | None, source: str | None) -> str:

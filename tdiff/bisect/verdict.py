@@ -8,7 +8,7 @@ loaded and measured by :class:`tdiff.compare.engine.PairComparator`.
 
 from __future__ import annotations
 
-from tdiff.compare.engine import Comparison, PairComparator
+from tdiff.compare.engine import Comparison, PairComparator, quantization_differs
 from tdiff.compare.metrics import Tolerance
 from tdiff.compare.pairing import Pair
 from tdiff.store import Dump
@@ -33,6 +33,8 @@ def _same_fingerprint(pair: Pair) -> bool:
     if pair.a is None or pair.b is None or pair.a.load is not None or pair.b.load is not None:
         return False
     if len(pair.a.records) != 1 or len(pair.b.records) != 1:
+        return False
+    if quantization_differs(pair.a.record, pair.b.record) is not None:
         return False
     fa, fb = pair.a.record.fingerprint, pair.b.record.fingerprint
     return fa is not None and fa == fb and fingerprint_algorithm(fa) == fingerprint_algorithm(fb)

@@ -20,10 +20,10 @@ from __future__ import annotations
 from itertools import chain
 from pathlib import Path
 
-from tdiff.bisect.ops import descend
+from tdiff.bisect.ops import STATE_NOT_RECORDED, descend
 from tdiff.bisect.events import (Stream, enclosing_outputs, last_child_event, parent_of,
                                  previous_at_level, split_streams)
-from tdiff.bisect.result import BisectResult, Divergence, TrailEntry
+from tdiff.bisect.result import BisectResult, Divergence, TrailEntry, inputs_verdict
 from tdiff.bisect.verdict import EventComparator
 from tdiff.compare.engine import Comparison
 from tdiff.compare.metrics import EXACT, Tolerance
@@ -66,7 +66,8 @@ def bisect_dumps(dump_a: Dump | str | Path, dump_b: Dump | str | Path, *,
                           + _not_aligned_notes(pairing))
     if found:
         _, _, stream, index, comparison = min(found, key=lambda f: f[:2])
-        result.first_divergence, result.trail = _locate(stream, index, comparison, comparator)
+        result.first_divergence, result.trail = _locate(stream, index, comparison, comparator,
+                                                        _NotCompared(a, b, pairing))
         result.notes += descend(a, b, result.first_divergence, comparator)  # the op, from op records
     return result
 
@@ -114,15 +115,15 @@ def _first_divergent(stream: Stream, comparator: EventComparator) -> tuple[int, 
     return None
 
 
-def _locate(stream: Stream, index: int, comparison: Comparison,
-            comparator: EventComparator) -> tuple[Divergence, list[TrailEntry]]:
+def _locate(stream: Stream, index: int, comparison: Comparison, comparator: EventComparator,
+            not_compared: _NotCompared) -> tuple[Divergence, list[TrailEntry]]:
     pair = stream.pairs[index]
     event = pair.record
     event_b = pair.b.record if pair.b is not None else None
     # the calls enclosing the event, innermost first; their outputs make the trail
     calls = enclosing_outputs(stream, index, parent_of(event), event.depth - 1)
     if event.role == "output":
-        divergence = _at_output(stream, index, comparison)
+        divergence = _at_output(stream, index, comparison, not_compared)
     elif event.role == "input" and (event.depth == 0 or previous_at_level(stream, index) is None):
         divergence = Divergence.found(
             name=pair.name, module=event.module, module_b=event_b.module if event_b else None,
@@ -137,17 +138,20 @@ def _locate(stream: Stream, index: int, comparison: Comparison,
     return divergence, _trail(stream, calls, comparator)
 
 
-def _at_output(stream: Stream, index: int, comparison: Comparison) -> Divergence:
-    """A module's output differs while its inputs and everything recorded inside it matched."""
+def _at_output(stream: Stream, index: int, comparison: Comparison, not_compared: _NotCompared) -> Divergence:
+    """A module's output differs while its compared inputs and everything recorded inside it matched."""
     pair = stream.pairs[index]
     event = pair.record
     module, module_b = event.module, pair.b.record.module if pair.b is not None else None
     child = last_child_event(stream, index)
     if child is None:
-        return Divergence.found(name=pair.name, module=module, module_b=module_b, kind=_pair_kind(pair),
-                                event="output", introduced=True, comparison=comparison,
-                                description=f"`{_path(module)}`: its inputs match, its output differs",
-                                module_call=event.call)
+        unchecked = not_compared.of_module(stream, index)
+        divergence = Divergence.found(name=pair.name, module=module, module_b=module_b, kind=_pair_kind(pair),
+                                      event="output", introduced=True, comparison=comparison,
+                                      description=f"`{_path(module)}`: {inputs_verdict(unchecked)}",
+                                      module_call=event.call)
+        divergence.not_compared = unchecked
+        return divergence
     kind = between_kind(parent=module, parent_kind=_pair_kind(pair),
                         before=_event_kind(stream, child, module), after=None)
     return Divergence.found(name=pair.name, module=module, module_b=module_b, kind=kind, event="between",
@@ -156,6 +160,43 @@ def _at_output(stream: Stream, index: int, comparison: Comparison) -> Divergence
                                         f"{_describe(stream, child, module)} and its output "
                                         "(everything recorded inside it matches)",
                             module_call=event.call, before=stream.record(child).module)
+
+
+class _NotCompared:
+    """The inputs of a culprit module's call that bisect did not compare: the parameters and
+    buffers it reads (capture lists them on its output record, attrs "state"), inputs one side
+    alone passed, and inputs that token alignment could not line up."""
+
+    def __init__(self, a: Dump, b: Dump, pairing: Pairing | None):
+        self.dumps = (a, b)
+        self.not_aligned = dict(getattr(getattr(pairing, "alignment", None), "not_aligned", None) or [])
+
+    def of_module(self, stream: Stream, index: int) -> str | None:
+        """"<names> (<why>); ..." for the call whose output is ``stream.pairs[index]``, or None."""
+        pair = stream.pairs[index]
+        event = pair.record
+        groups: dict[str, list[str]] = {}
+
+        def add(why: str, name: str) -> None:
+            if name not in groups.setdefault(why, []):
+                groups[why].append(name)
+
+        for side in (pair.a, pair.b):
+            for name in (side.record.attrs.get("state") or []) if side is not None else []:
+                add(STATE_NOT_RECORDED, name)
+        for earlier in stream.pairs[:index]:
+            record = earlier.record
+            if record.role == "input" and record.module == event.module and record.call == event.call \
+                    and (earlier.a is None or earlier.b is None):
+                add(f"passed by side {'A' if earlier.b is None else 'B'} only", record.sub)
+        if self.not_aligned:
+            modules = {event.module, pair.b.record.module if pair.b is not None else None}
+            for dump in self.dumps:
+                for record in dump.records:
+                    if record.role == "input" and record.module in modules and record.step == event.step \
+                            and record.call == event.call and record.name in self.not_aligned:
+                        add("no row per token to align", record.sub)
+        return "; ".join(f"{', '.join(names)} ({why})" for why, names in groups.items()) or None
 
 
 def _between_events(stream: Stream, index: int, comparison: Comparison,

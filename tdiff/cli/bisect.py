@@ -39,7 +39,7 @@ GIB = 1 << 30
 @mapping_option
 @align_option
 @quiet_option
-def bisect(dumps, run_a, run_b, exact, atol, rtol, select, exclude, graft, try_spec, budget_gb, no_stats_pass,
+def bisect(dumps, run_a, run_b, exact, atol, rtol, ulp, select, exclude, graft, try_spec, budget_gb, no_stats_pass,
            steps, work, as_json, allow_incomplete, mapping, align, quiet):
     """Name the first op boundary where two runs part, and what kind of op it is.
 
@@ -70,7 +70,7 @@ def bisect(dumps, run_a, run_b, exact, atol, rtol, select, exclude, graft, try_s
         raise TdiffError(f"--budget-gb must be a positive number of GiB, not {budget_gb}")
     progress = make_console(stderr=True, quiet=quiet)
     result = tdiff.bisect.run(
-        *dumps, run_a=run_a, run_b=run_b, tolerance=tolerance_from(exact, atol, rtol),
+        *dumps, run_a=run_a, run_b=run_b, tolerance=tolerance_from(exact, atol, rtol, ulp),
         names=NameFilter.of(select, exclude), mapping=mapping, align=align, allow_incomplete=allow_incomplete,
         graft=graft,        try_fixes=try_spec, stats_pass=not no_stats_pass, steps=steps, workdir=work,
         budget_bytes=int(budget_gb * GIB) if budget_gb is not None else None,

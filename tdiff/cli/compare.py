@@ -24,7 +24,7 @@ from tdiff.cli.options import (align_option, allow_incomplete_option, dumps_from
 @mapping_option
 @align_option
 @quiet_option
-def compare(dump_a, dump_b, layer, select, exclude, exact, atol, rtol, as_json, top, allow_incomplete, mapping, align,
+def compare(dump_a, dump_b, layer, select, exclude, exact, atol, rtol, ulp, as_json, top, allow_incomplete, mapping, align,
             quiet):
     """Compare dumps A and B tensor by tensor.
 
@@ -39,7 +39,7 @@ def compare(dump_a, dump_b, layer, select, exclude, exact, atol, rtol, as_json, 
     (sequence, position); rows show tokens equal of tokens compared. A position one side lacks
     (the last sampled token) is listed, not a divergence. --align forces a pairing.
 
-    The verdict is bitwise unless --atol/--rtol relax it. A tensor on one side only counts as a
+    The verdict is bitwise unless --atol/--rtol/--ulp relax it. A tensor on one side only counts as a
     divergence.
 
     Exit status: 0 all tensors match, 1 a divergence, 2 bad input.
@@ -48,7 +48,7 @@ def compare(dump_a, dump_b, layer, select, exclude, exact, atol, rtol, as_json, 
     from tdiff.report.console import make_console, render_compare
     from tdiff.report.progress import progress_bar
 
-    tolerance = tolerance_from(exact, atol, rtol)
+    tolerance = tolerance_from(exact, atol, rtol, ulp)
     a, b, pairing = dumps_from(dump_a, dump_b, allow_incomplete, mapping, align)
     with progress_bar("comparing", quiet=quiet) as advance:
         report = compare_dumps(a, b, CompareOptions(tolerance=tolerance, layer=layer, select=list(select),

@@ -6,6 +6,7 @@ once, so library modules are imported where an option is converted."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import click
@@ -14,6 +15,10 @@ from tdiff.errors import TdiffError
 
 
 def tolerance_options(command):
+    command = click.option("--ulp", type=float, metavar="N", help=(
+        "Equal within N ULPs at each tensor's scale: an element matches when |a-b| <= N * ulp(max |x|), "
+        "max |x| over both tensors (the 'ULP at scale' compare prints); adds to --atol/--rtol. Fp32 noise "
+        "across frameworks grows with the activations, so a fixed --atol misjudges large ones."))(command)
     command = click.option("--rtol", type=float, help=(
         "Relative tolerance: an element matches when |a-b| <= atol + rtol*max(|a|,|b|) (the same "
         "with A and B swapped); an infinity matches only itself, NaN only NaN."))(command)
@@ -22,17 +27,19 @@ def tolerance_options(command):
     return command
 
 
-def tolerance_from(exact: bool, atol: float | None, rtol: float | None):
+def tolerance_from(exact: bool, atol: float | None, rtol: float | None, ulp: float | None):
     from tdiff.compare.metrics import EXACT, Tolerance
 
-    if exact and (atol is not None or rtol is not None):
-        raise TdiffError("--exact cannot be combined with --atol/--rtol")
-    for name, value in (("--atol", atol), ("--rtol", rtol)):
-        if value is not None and not value >= 0:
+    if exact and (atol is not None or rtol is not None or ulp is not None):
+        raise TdiffError("--exact cannot be combined with --atol/--rtol/--ulp")
+    for name, value in (("--atol", atol), ("--rtol", rtol), ("--ulp", ulp)):
+        if value is not None and not 0 <= value < math.inf:
             raise TdiffError(f"{name} must be a non-negative number, not {value}")
-    if atol is None and rtol is None:
+    if atol is None and rtol is None and ulp is None:
         return EXACT
-    return Tolerance(atol=atol or 0.0, rtol=rtol or 0.0)
+    if ulp is not None and atol is None and rtol is None:
+        return Tolerance(ulp=ulp)
+    return Tolerance(atol=atol or 0.0, rtol=rtol or 0.0, ulp=ulp)
 
 
 def name_filter_options(command):

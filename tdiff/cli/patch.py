@@ -108,7 +108,7 @@ def check(config, as_json, quiet):
 @quiet_option
 @click.argument("command_b", nargs=-1, required=True, type=click.UNPROCESSED)
 def try_(candidates, baseline, work, select, exclude, layers, steps, batch_row, rerun_baseline, exact, atol,
-         rtol, as_json, quiet, command_b):
+         rtol, ulp, as_json, quiet, command_b):
     """Run COMMAND_B once unpatched and once per candidate; rank the candidates against DUMP_A.
 
     \b
@@ -124,7 +124,7 @@ def try_(candidates, baseline, work, select, exclude, layers, steps, batch_row, 
     from tdiff.source_patcher.catalogue import candidates_from
     from tdiff.source_patcher.trial import CaptureSelection, try_candidates
 
-    tolerance = tolerance_from(exact, atol, rtol)
+    tolerance = tolerance_from(exact, atol, rtol, ulp)
     check_capture_selection(select, exclude, layers, steps)
     chosen = candidates_from(candidates)
     _refuse_stale([list(c.patches) for c in chosen])

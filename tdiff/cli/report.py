@@ -31,7 +31,7 @@ from tdiff.errors import TdiffError
 @allow_incomplete_option()
 @mapping_option
 @quiet_option
-def report(dump_a, dump_b, fmt, out, layer, with_bisect, patch_results, gh_comment, exact, atol, rtol,
+def report(dump_a, dump_b, fmt, out, layer, with_bisect, patch_results, gh_comment, exact, atol, rtol, ulp,
            allow_incomplete, mapping, quiet):
     """Write a report of dumps A and B: the first divergence, error per layer and boundary,
     log-prob parity per token (runs aligned by token), the environment, and optionally bisect
@@ -56,7 +56,7 @@ def report(dump_a, dump_b, fmt, out, layer, with_bisect, patch_results, gh_comme
 
     if gh_comment and (fmt != "md" or out is not None):
         raise TdiffError("--gh-comment prints Markdown on standard output; drop --format/--out")
-    tolerance = tolerance_from(exact, atol, rtol)
+    tolerance = tolerance_from(exact, atol, rtol, ulp)
     patches = _read_patch_results(patch_results) if patch_results else None
     if fmt == "html":
         from tdiff.report.plots import require_matplotlib

@@ -11,12 +11,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import torch
+
 from tdiff.compare.metrics import EXACT, ReportedMetrics, TensorMetrics, Tolerance, compare_tensors, json_number
 from tdiff.compare.pairing import NameFilter, NamePairing, Pair, Pairing, Side
 from tdiff.compare.result import CompareResult, DumpSide, TensorVerdict, status_counts
 from tdiff.compare.tokens import TokenVerdict, token_verdict
 from tdiff.errors import TdiffError
 from tdiff.store import Dump, Record
+from tdiff.store.dtypes import torch_dtype
 from tdiff.store.fingerprint import fingerprint_algorithm, fingerprint_as
 from tdiff.vocab.kinds import record_kind
 from tdiff.vocab.paths import layer_of, record_layer
@@ -179,6 +182,9 @@ class PairComparator:
             side = "B" if pair.a is None else "A"
             return self._result(pair, status, reason=pair.note or f"captured on side {side} only")
         ra, rb = pair.a.record, pair.b.record
+        quantization = quantization_differs(ra, rb)
+        if quantization is not None:   # equal integers stand for other values
+            return self._result(pair, "mismatch", reason=quantization)
         if pair.a.load is None and pair.b.load is None:
             # the shapes and dtypes are known before loading when tensors are compared as stored
             if ra.shape != rb.shape:
@@ -236,10 +242,11 @@ class PairComparator:
                     "capture one side in full mode"))
         if fa is not None and fa == fb:
             return self._result(pair, "match", reason="equal fingerprints (stats mode)")
-        if not self.tolerance.exact and not _statistics_exceed(ra.stats or {}, rb.stats or {}, self.tolerance):
+        if not self.tolerance.exact and not _statistics_exceed(ra.stats or {}, rb.stats or {}, self.tolerance,
+                                                               torch_dtype(ra.dtype)):
             raise TdiffError(f"{pair.name}: the fingerprints differ (stats mode), and its statistics cannot tell "
                              f"whether it is within {self.tolerance.describe()}; capture in full mode to compare "
-                             "under --atol/--rtol, or compare bitwise")
+                             "under --atol/--rtol/--ulp, or compare bitwise")
         return self._result(pair, "mismatch", reason="fingerprints differ (stats mode): " +
                             _stats_delta(ra.stats or {}, rb.stats or {}))
 
@@ -251,14 +258,34 @@ class PairComparator:
                           plan_b=pair.b.plan if pair.b else [], tokens=tokens)
 
 
+def quantization_differs(a: Record, b: Record) -> str | None:
+    """How two quantized tensors' scales or zero points differ (capture keeps them in
+    attrs["quantization"] beside the integers), or None where they agree."""
+    qa, qb = a.attrs.get("quantization"), b.attrs.get("quantization")
+    if qa == qb:
+        return None
+    qa, qb = qa or {}, qb or {}
+    parts = []
+    for key in dict.fromkeys([*qa, *qb]):
+        va, vb = qa.get(key), qb.get(key)
+        if va == vb:
+            continue
+        if isinstance(va, list) and isinstance(vb, list) and len(va) == len(vb):   # per channel: the first
+            i = next(i for i, (x, y) in enumerate(zip(va, vb)) if x != y)
+            key, va, vb = f"{key}[{i}]", va[i], vb[i]
+        parts.append(f"{key} {va} vs {vb}")
+    return "quantization differs: " + ", ".join(parts)
+
+
 def _same_verified_fingerprint(a: Record, b: Record) -> bool:
     return fingerprint_algorithm(a.fingerprint) == "xxh3" and a.fingerprint == b.fingerprint
 
 
-def _statistics_exceed(sa: dict, sb: dict, tolerance: Tolerance) -> bool:
+def _statistics_exceed(sa: dict, sb: dict, tolerance: Tolerance, dtype: torch.dtype) -> bool:
     """Whether two tensors' statistics alone prove an element beyond the tolerance. Each side's
     minimum is one of its elements, so some element differs by at least the minimums' difference
-    (the maximums' likewise), while no element's bound passes atol + rtol * the largest magnitude;
+    (the maximums' likewise), while no element's bound passes atol + rtol * the largest magnitude
+    (+ ulp ULPs of ``dtype`` at it, the tensors' scale);
     NaN or infinity counts that differ leave an element without its equal on the other side."""
     if sa.get("nan") != sb.get("nan") or sa.get("inf") != sb.get("inf"):
         return True
@@ -266,7 +293,9 @@ def _statistics_exceed(sa: dict, sb: dict, tolerance: Tolerance) -> bool:
     if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in extremes):
         return False
     min_a, max_a, min_b, max_b = extremes
-    bound = (tolerance.atol or 0.0) + (tolerance.rtol or 0.0) * max(abs(v) for v in extremes)
+    scale = max(abs(v) for v in extremes)
+    tolerance = tolerance.at_magnitude(scale, dtype)
+    bound = (tolerance.atol or 0.0) + (tolerance.rtol or 0.0) * scale
     return max(abs(min_a - min_b), abs(max_a - max_b)) > bound
 
 

@@ -25,8 +25,10 @@ Rules:
   chunk are computed again in float64, scaled by a power of two.
 - Finite float32 values whose difference passes float32's max (3e38 against -3e38) have their
   chunk computed in float64, which holds it: max_abs 6e38 and max_rel 2, not inf.
-- Under a tolerance an element matches when |a-b| <= atol + rtol*max(|a|,|b|), the same whichever
-  side is A; +inf matches only +inf, -inf only -inf, NaN only NaN (any payload).
+- Under a tolerance an element matches when |a-b| <= atol + rtol*max(|a|,|b|) + ulp*ulp(scale), the
+  same whichever side is A, scale being the tensor pair's largest magnitude (``--ulp N``: within N
+  ULPs at the tensor's scale, the "ULP at scale" metric below); +inf matches only +inf, -inf only
+  -inf, NaN only NaN (any payload).
 - Integers and bool: the ULP distance is the integer difference.
 - ULP at scale: max |a-b| in units of the ULP at the tensor's largest magnitude (max |x| over the
   finite elements of both sides), ``max_abs / ulp(max|x|)``. Raw ULP counts every representable
@@ -70,19 +72,39 @@ _SQUARES_FLOOR = 2.0 ** -100
 
 @dataclass(frozen=True)
 class Tolerance:
-    """The default is the bitwise verdict. With atol/rtol an element matches when
-    |a-b| <= atol + rtol*max(|a|,|b|) (symmetric: swapping A and B never changes a verdict); an
-    infinity matches only the same infinity, and a NaN only a NaN (whatever its payload)."""
+    """The default is the bitwise verdict. With atol/rtol/ulp an element matches when
+    |a-b| <= atol + rtol*max(|a|,|b|) + ulp*ulp(scale), scale being the largest finite magnitude of
+    the two tensors compared (symmetric: swapping A and B never changes a verdict); an infinity
+    matches only the same infinity, and a NaN only a NaN (whatever its payload)."""
 
     atol: float | None = None
     rtol: float | None = None
+    ulp: float | None = None
 
     @property
     def exact(self) -> bool:
-        return self.atol is None and self.rtol is None
+        return self.atol is None and self.rtol is None and self.ulp is None
 
     def describe(self) -> str:
-        return "bitwise" if self.exact else f"atol={self.atol or 0:g} rtol={self.rtol or 0:g}"
+        if self.exact:
+            return "bitwise"
+        if self.atol is None and self.rtol is None:
+            return f"ulp={self.ulp:g}"
+        return f"atol={self.atol or 0:g} rtol={self.rtol or 0:g}" + (f" ulp={self.ulp:g}" if self.ulp is not None else "")
+
+    def at_scale(self, a: torch.Tensor, b: torch.Tensor) -> Tolerance:
+        """The element rule for these two tensors: ``ulp`` becomes an absolute bound of that many
+        ULPs at their scale (:func:`scale_ulp`), added to atol."""
+        if self.ulp is None:
+            return self
+        return Tolerance(atol=(self.atol or 0.0) + self.ulp * scale_ulp(a, b), rtol=self.rtol or 0.0)
+
+    def at_magnitude(self, magnitude: float, dtype: torch.dtype) -> Tolerance:
+        """:meth:`at_scale` for tensors of ``dtype`` whose largest finite magnitude is known."""
+        if self.ulp is None:
+            return self
+        unit = ulp_at(magnitude, dtype) if dtype.is_floating_point else 1.0
+        return Tolerance(atol=(self.atol or 0.0) + self.ulp * unit, rtol=self.rtol or 0.0)
 
 
 EXACT = Tolerance()
@@ -114,6 +136,7 @@ class TensorMetrics:
         return self.outside_tolerance / self.numel if self.numel else 0.0
 
     def within(self, tolerance: Tolerance) -> bool:
+        """Whether the verdict is "match"; ``outside_tolerance`` was counted under ``tolerance``."""
         return self.bitwise_equal if tolerance.exact else self.outside_tolerance == 0
 
 
@@ -172,6 +195,28 @@ def ulp_at(magnitude: float, dtype: torch.dtype) -> float:
     if magnitude < tiny:
         return tiny * eps
     return math.ldexp(eps, math.frexp(magnitude)[1] - 1)
+
+
+def scale_ulp(a: torch.Tensor, b: torch.Tensor) -> float:
+    """One ULP at the scale of two tensors: the spacing at their largest finite magnitude, in the
+    coarser of their float dtypes (1 for integers, whose ULP is 1)."""
+    floats = [t.dtype for t in (a, b) if t.is_floating_point()]
+    if not floats:
+        return 1.0
+    magnitude = max(_tensor_magnitude(a), _tensor_magnitude(b))
+    return max(ulp_at(magnitude, dtype) for dtype in floats)
+
+
+def _tensor_magnitude(t: torch.Tensor) -> float:
+    """max |x| over the finite elements, chunk by chunk."""
+    if t.is_complex():
+        t = torch.view_as_real(t.to(torch.complex64) if t.dtype == torch.complex32 else t)
+    flat, largest = t.reshape(-1), 0.0
+    for start in range(0, flat.numel(), CHUNK_ELEMENTS):
+        values = _values(flat[start:start + CHUNK_ELEMENTS], not t.is_floating_point(), "scale_of")
+        if values is not None:
+            largest = max(largest, _max_magnitude(values))
+    return largest
 
 
 @functools.cache
@@ -248,7 +293,7 @@ def compare_tensors(a: torch.Tensor, b: torch.Tensor, tolerance: Tolerance = EXA
         b = torch.view_as_real(b.to(torch.complex64) if b.dtype == torch.complex32 else b)
     if a.shape != b.shape:
         raise ValueError(f"shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}")
-    acc = _Accumulator(a.dtype, b.dtype, tolerance)
+    acc = _Accumulator(a.dtype, b.dtype, tolerance.at_scale(a, b))
     a_flat, b_flat = a.reshape(-1), b.reshape(-1)
     # one dtype: the bit patterns compare (views of the whole tensors, sliced chunk by chunk)
     bits = (_bits(a_flat), _bits(b_flat)) if acc.same_dtype else None

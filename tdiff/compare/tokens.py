@@ -79,6 +79,7 @@ def token_verdict(a: torch.Tensor, b: torch.Tensor, tokens: TokenRows, tolerance
 
 def differing_rows(a: torch.Tensor, b: torch.Tensor, tolerance: Tolerance) -> np.ndarray:
     """Per row (dim 0): whether an element of it fails the verdict's rule."""
+    tolerance = tolerance.at_scale(a, b)
     if a.is_complex():
         a, b = torch.view_as_real(a), torch.view_as_real(b)
     rows = a.shape[0]

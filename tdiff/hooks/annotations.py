@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import weakref
 from collections.abc import Callable
 
 Annotator = Callable[..., "dict | None"]
@@ -80,11 +81,32 @@ def annotating_framework(module, parent: str | None) -> str | None:
     return own if annotator_for(own) is not None else parent
 
 
+MAX_STATE_NAMES = 32
+_state_names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def state_names(module) -> list[str]:
+    """The parameters and buffers a module's call may read (its own and its submodules'), which
+    capture does not record: bisect lists them as inputs it did not compare. At most
+    MAX_STATE_NAMES, then "N more"."""
+    names = _state_names.get(module)
+    if names is None:
+        found = [name for name, _ in module.named_parameters()] + [name for name, _ in module.named_buffers()]
+        names = found[:MAX_STATE_NAMES] + ([f"{len(found) - MAX_STATE_NAMES} more"] if len(found) > MAX_STATE_NAMES
+                                           else [])
+        _state_names[module] = names
+    return names
+
+
 def annotate(module, path: str, role: str, sub: str, tensor, annotating: str | None) -> dict:
     """The attrs of one module record: the framework its class comes from, plus what the
     annotating framework's annotator adds."""
     framework = framework_of(type(module))
-    attrs = {"framework": framework}
+    attrs: dict = {"framework": framework}
+    if role == "output":
+        state = state_names(module)
+        if state:
+            attrs["state"] = state
     if not annotating:
         return attrs
     annotator = annotator_for(annotating)

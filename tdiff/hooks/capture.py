@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 import tdiff
-from tdiff.store.dtypes import dtype_name
+from tdiff.store.dtypes import dtype_name, quantization_of
 from tdiff.store.fingerprint import xxh3_fingerprint
 from tdiff.store.manifest import create_dump, new_part_id
 from tdiff.store.record import Record
@@ -468,7 +468,9 @@ class Capture:
             tensor = tensor.detach()
         if self._batch_size and tensor.dim() and tensor.shape[0] == self._batch_size:
             tensor = tensor[self.batch_row:self.batch_row + 1]
+        quantization = None
         if tensor.is_quantized:
+            quantization = quantization_of(tensor)
             tensor = tensor.int_repr()
         if tensor.is_conj() or tensor.is_neg():
             tensor = tensor.resolve_conj().resolve_neg()
@@ -482,6 +484,8 @@ class Capture:
             alias_of=alias_of, op=op,
             attrs=(annotate(module, module_path, role, sub, tensor, annotator) if op is None else {})
             if module is not None else explicit_attrs or {})
+        if quantization is not None:
+            record.attrs = {**record.attrs, "quantization": quantization}
         if self._ops is not None:
             self._ops.held(original, seq)
         if graph is not None:

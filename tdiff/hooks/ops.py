@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import sys
 import weakref
+from itertools import chain
 from types import FrameType
 
 import torch
@@ -100,18 +101,25 @@ class OpTracer(TorchDispatchMode):
         self.forward_code = getattr(getattr(forward, "__func__", forward), "__code__", None)
         self.index = 0
         self.paused = 0
+        # the module's parameters and buffers by identity: an op input no record holds is named
+        self.state = {id(t): name for name, t in chain(module.named_parameters(), module.named_buffers())} \
+            if module is not None else {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if self.paused or types:  # a child's or capture's own op; a tensor subclass's (DTensor, fake)
             return func(*args, **kwargs)
         holder = self.recorder.holder
-        inputs = [holder(t) for _, t in flatten_tensors((args, kwargs))]
+        tensors = [t for _, t in flatten_tensors((args, kwargs))]
+        inputs = [holder(t) for t in tensors]
         output = func(*args, **kwargs)
         index = self.index
         self.index += 1
         function, source = _caller(self.forward_code)
         op = {"name": func.name(), "index": index, "function": function, "source": source, "inputs": inputs}
+        state = [self.state.get(id(t)) for t in tensors]
+        if any(state):
+            op["state"] = state   # per input, the parameter or buffer of the module it is, else null
         name = f"{self.base}#{index}"
         written = _written(func, args, kwargs)
         for sub, tensor in flatten_tensors(output):

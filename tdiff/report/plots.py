@@ -58,7 +58,7 @@ def figures(report: Report) -> list[Figure]:
             out.append(Figure("plot-token-grid", "First divergence over sequence and position",
                               token_grid_svg(report),
                               f"{culprit.comparison.name}: largest absolute difference per token, one row per "
-                              "sequence pair (A / B), one column per position. Green: the token's row passes "
+                              "sequence pair (A / B), one column per position a token has. Green: the token's row passes "
                               "(equal bits, or within the tolerance); grey: not compared (one run lacks it); "
                               "purple: fails without an absolute difference (bits only, NaN). The first "
                               "differing token is outlined."))
@@ -249,17 +249,20 @@ def token_grid_svg(report: Report) -> str:
     from matplotlib import colormaps
     from matplotlib.colors import LogNorm
     from matplotlib.patches import Rectangle
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     culprit = report.culprit
     t = culprit.tokens
     sequences = sorted({(ref.seq_a, ref.seq_b) for ref in t.refs})
     row_of = {pair: i for i, pair in enumerate(sequences)}
-    first_position = min(ref.position for ref in t.refs)
-    width = max(ref.position for ref in t.refs) - first_position + 1
+    # one column per position some token has: a grid over the positions' span would take memory
+    # for every position in between (a dump's positions may be 10^9 apart)
+    positions = sorted({ref.position for ref in t.refs})
+    column_of = {position: i for i, position in enumerate(positions)}
+    width = len(positions)
     values = np.full((len(sequences), width), np.nan)
     for ref, max_abs, differing in zip(t.refs, t.max_abs, t.differing):
-        cell = (row_of[(ref.seq_a, ref.seq_b)], ref.position - first_position)
+        cell = (row_of[(ref.seq_a, ref.seq_b)], column_of[ref.position])
         if not differing:
             values[cell] = 0.0
         elif max_abs > 0:
@@ -274,7 +277,7 @@ def token_grid_svg(report: Report) -> str:
     cmap = colormaps["YlOrRd"].with_extremes(under=EQUAL, over=UNMEASURED, bad=MISSING)
     fig = _new_figure(min(16, max(6.5, 0.12 * width + 4)), min(20, max(2.6, 0.35 * len(sequences) + 1.6)))
     ax = fig.subplots()
-    extent = (first_position - 0.5, first_position + width - 0.5, len(sequences) - 0.5, -0.5)
+    extent = (-0.5, width - 0.5, len(sequences) - 0.5, -0.5)
     image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, norm=LogNorm(vmin=low, vmax=high), aspect="auto",
                       interpolation="nearest", extent=extent)
     fig.colorbar(image, ax=ax, extend="both", label="max abs error")
@@ -282,11 +285,13 @@ def token_grid_svg(report: Report) -> str:
     ax.set_ylabel("sequence (A / B)")
     ax.set_xlabel("position")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_formatter(FuncFormatter(
+        lambda x, _: str(positions[int(x)]) if x == int(x) and 0 <= x < width else ""))
     first = culprit.comparison.tokens.first_differing if culprit.comparison.tokens is not None else None
-    if first is not None and (first.seq_a, first.seq_b) in row_of:
-        row = row_of[(first.seq_a, first.seq_b)]
-        ax.add_patch(Rectangle((first.position - 0.5, row - 0.5), 1, 1, fill=False, edgecolor="crimson",
+    if first is not None and (first.seq_a, first.seq_b) in row_of and first.position in column_of:
+        row, column = row_of[(first.seq_a, first.seq_b)], column_of[first.position]
+        ax.add_patch(Rectangle((column - 0.5, row - 0.5), 1, 1, fill=False, edgecolor="crimson",
                                linewidth=2))
-        ax.annotate(f"first: position {first.position}", (first.position, row), xytext=(6, -10),
+        ax.annotate(f"first: position {first.position}", (column, row), xytext=(6, -10),
                     textcoords="offset points", fontsize="small", color="crimson")
     return _svg(fig, "token-grid")

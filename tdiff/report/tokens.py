@@ -83,6 +83,7 @@ def token_axis(shape: tuple[int, ...], *, aligned: bool = False) -> int | None:
 def token_errors(name: str, a: torch.Tensor, b: torch.Tensor, axis: int,
                  tolerance: Tolerance = EXACT) -> TokenErrors:
     """Per-token error of two tensors of one shape, ``axis`` being the token dim."""
+    tolerance = tolerance.at_scale(a, b)
     if a.is_complex():
         a, b = torch.view_as_real(a), torch.view_as_real(b)
     shape = list(a.shape)

@@ -44,7 +44,8 @@ def torch_dtype(name: str) -> torch.dtype:
     return dtype
 
 
-# Quantized tensors are stored and compared as their integer representation.
+# Quantized tensors are stored and compared as their integer representation, their scale and zero
+# point beside it (quantization_of).
 QUANTIZED_REPR = {
     torch.qint8: torch.int8,
     torch.quint8: torch.uint8,
@@ -52,6 +53,18 @@ QUANTIZED_REPR = {
     torch.quint4x2: torch.uint8,
     torch.quint2x4: torch.uint8,
 }
+
+
+def quantization_of(tensor: torch.Tensor) -> dict:
+    """A quantized tensor's scale and zero point (per tensor, or per channel along ``axis``): what
+    its integer representation means, kept in its record's attrs["quantization"]."""
+    scheme = tensor.qscheme()
+    if scheme in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+        return {"scheme": str(scheme).removeprefix("torch."), "scale": float(tensor.q_scale()),
+                "zero_point": int(tensor.q_zero_point())}
+    return {"scheme": str(scheme).removeprefix("torch."), "axis": int(tensor.q_per_channel_axis()),
+            "scales": tensor.q_per_channel_scales().tolist(),
+            "zero_points": tensor.q_per_channel_zero_points().tolist()}
 
 
 def to_bytes_view(tensor: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Reading the files of a dump (and the files a user names) with bounds: regular files only, so a
-FIFO, a device or a symlink to ``/dev/zero`` is refused instead of hanging or filling memory, and
-every read has a size limit.
+FIFO, a device or a symlink to ``/dev/zero`` is refused instead of hanging or filling memory, a
+dump's files only inside its directory, and every read has a size limit.
 
 Examples:
     >>> header = read_regular(path / "tdiff-dump.json", "dump header", limit=MAX_SMALL_FILE)
@@ -33,6 +33,15 @@ def check_regular(path: Path, what: str) -> None:
     if not stat.S_ISREG(mode):
         raise DumpError(f"{path}: {what} is not a regular file (it is {_kind(mode)}); "
                         "tdiff reads only regular files")
+
+
+def check_inside(path: Path, dump: Path, what: str) -> None:
+    """Refuse a path of a dump that resolves outside the dump's directory: a symlink out of it
+    reads a file its capture never wrote, which could pass as the run's own."""
+    real, top = os.path.realpath(path), os.path.realpath(dump)
+    if os.path.commonpath([real, top]) != top:
+        raise DumpError(f"{path}: {what} is a link to {real}, outside the dump {dump}; tdiff reads only "
+                        "files inside the dump (copy the file into it)")
 
 
 def open_regular(path: Path, what: str) -> BinaryIO:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from tdiff.store.dtypes import from_bytes_view, stored_nbytes, to_bytes_view
-from tdiff.store.files import check_regular, read_regular
+from tdiff.store.files import check_inside, check_regular, read_regular
 from tdiff.store.fingerprint import fingerprint_algorithm, xxh3_fingerprint
 from tdiff.store.manifest import DATA_DIR, DUMP_FILE, MANIFEST_DIR, Part, check_format, describe_exit, read_part
 from tdiff.store.record import Record
@@ -101,6 +101,7 @@ class Dump:
         shard = self._shards.get(file)
         if shard is None:
             path = self.path / DATA_DIR / file
+            check_inside(path, self.path, "tensor file")
             check_regular(path, "tensor file")
             shard = self._shards[file] = storage_for_file(path).open(path)
         return shard
@@ -127,6 +128,7 @@ def _open_dump(path: Path, allow_incomplete: bool) -> Dump:
             raise DumpError(f"{path}: not a tdiff dump (no {DUMP_FILE}) nor SGLang dumper output (no "
                             "*.pt files); capture one with `tdiff capture`")
         return _checked(Dump(dumper_dir, *sglang_dumper.index_dumper_dir(dumper_dir)), allow_incomplete)
+    check_inside(header_path, path, "dump header")
     try:
         info = json.loads(read_regular(header_path, "dump header").decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
@@ -136,6 +138,10 @@ def _open_dump(path: Path, allow_incomplete: bool) -> Dump:
     manifest_dir = path / MANIFEST_DIR
     # listed, not globbed: a glob would take a directory it cannot read for an empty one
     manifest_paths = sorted(p for p in manifest_dir.iterdir() if p.suffix == ".jsonl") if manifest_dir.is_dir() else []
+    for inner, what in [(manifest_dir, "manifest directory"), (path / DATA_DIR, "data directory"),
+                        *((p, "manifest") for p in manifest_paths)]:
+        if os.path.lexists(inner):
+            check_inside(inner, path, what)
     parts = [read_part(p) for p in manifest_paths]
     parts.sort(key=lambda part: (part.rank, _started(part)))
     problems = [part.problem for part in parts if part.problem]

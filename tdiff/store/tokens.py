@@ -68,6 +68,10 @@ class TokenBatch:
         prompt_lens = _ints(data, "prompt_lens", where) if data.get("prompt_lens") is not None else None
         if prompt_lens is not None and len(prompt_lens) != sequences:
             raise DumpError(f"{where}: tokens field 'prompt_lens' must give one length per sequence")
+        if sequences > cells and seq_ids is None and prompt_lens is None:
+            # readers go sequence by sequence: a count no cell or per-sequence list backs is refused
+            raise DumpError(f"{where}: tokens field 'sequences' claims {sequences} sequences, more than the "
+                            f"{cells} cells of its grid; the dump is corrupted")
         source = data.get("source", "tokens")
         if not isinstance(source, str):
             raise DumpError(f"{where}: tokens field 'source' must be text")

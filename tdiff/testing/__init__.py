@@ -14,6 +14,7 @@ passes. The pytest plugin (:mod:`tdiff.testing.pytest_plugin`) adds the fixture 
 from __future__ import annotations
 
 import io
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,13 +25,14 @@ if TYPE_CHECKING:
 
 
 def assert_match(dump_a: Dump | str | Path, dump_b: Dump | str | Path, *, layers: str | None = None,
-                 select: str | None = None, atol: float = 0.0, rtol: float = 0.0) -> None:
+                 select: str | None = None, atol: float = 0.0, rtol: float = 0.0, ulp: float | None = None) -> None:
     """Raise AssertionError (message: bisect's summary) unless dump B matches dump A.
 
     Dumps are paired as ``tdiff bisect A B`` pairs them (by name, by canonical boundary across
     frameworks and layouts). ``layers``: only tensors of these decoder layers ("0-5", "0,3");
     ``select``: only tensors whose name matches this regex. Bitwise unless ``atol`` or ``rtol`` is
-    given: then an element matches when ``|a-b| <= atol + rtol * max(|a|, |b|)``.
+    given: then an element matches when ``|a-b| <= atol + rtol * max(|a|, |b|)``; ``ulp=N`` adds N
+    ULPs at each tensor's scale (``tdiff compare --ulp``).
     """
     from tdiff.align import choose_pairing
     from tdiff.bisect import bisect_dumps
@@ -41,10 +43,10 @@ def assert_match(dump_a: Dump | str | Path, dump_b: Dump | str | Path, *, layers
     from tdiff.text import printable
     from tdiff.vocab.parse import parse_ranges
 
-    for name, value in (("atol", atol), ("rtol", rtol)):
-        if not value >= 0:
+    for name, value in (("atol", atol), ("rtol", rtol), ("ulp", 0.0 if ulp is None else ulp)):
+        if not 0 <= value < math.inf:
             raise TdiffError(f"assert_match: {name} must be a non-negative number, not {value}")
-    tolerance = EXACT if atol == 0 and rtol == 0 else Tolerance(atol=atol, rtol=rtol)
+    tolerance = EXACT if atol == 0 and rtol == 0 and ulp is None else Tolerance(atol=atol or None, rtol=rtol or None, ulp=ulp)
     a = dump_a if isinstance(dump_a, Dump) else open_dump(dump_a)
     b = dump_b if isinstance(dump_b, Dump) else open_dump(dump_b)
     pairing = NameFilter.of([select] if select is not None else []).applied_to(choose_pairing(a, b))

@@ -43,7 +43,8 @@ def test_a_divergence_fails_with_the_bisect_summary_naming_the_op(dumps):
     message = str(failed.value)
     assert message.startswith("diverged: introduced at ")
     assert f"introduced at {PLANTED} (norm, layer 1)" in message
-    assert "its inputs match, its output differs" in message
+    assert "its compared inputs match; not compared: weight (parameters and buffers are not recorded); " \
+           "its output differs" in message
 
 
 def test_layers_limit_the_gate_to_those_decoder_layers(dumps):

@@ -62,7 +62,7 @@ class Comparison:
         """This verdict as `tdiff compare --json` lists it."""
         r = self.record
         return TensorVerdict(
-            name=self.name, status=self.status, role=r.role, step=r.step, call=r.call, rank=r.rank,
+            name=self.name, status=self.status, role=r.role, step=r.step, call=r.call, rank=r.rank, thread=r.thread,
             module=self.a.module if self.a else None, module_b=self.b.module if self.b else None,
             layer=self.layer, kind=self.boundary_kind, dtype_a=self.a.dtype if self.a else None,
             dtype_b=self.b.dtype if self.b else None, shape_a=list(self.a.shape) if self.a else None,

@@ -1,7 +1,7 @@
 """Pairing: which tensor of side A is compared with which tensor of side B.
 
 The stage is pluggable: :class:`NamePairing` pairs tensors of two runs of the same program by
-(name, step, call, role, rank); cross-framework alignment supplies its own pairing, which may
+(name, step, call, role, rank, thread); cross-framework alignment supplies its own pairing, which may
 also attach a plan that reshapes or reassembles tensors before they are compared.
 """
 
@@ -57,7 +57,8 @@ class Pairing(Protocol):
 
 
 class NamePairing:
-    """Tensors of two runs of the same program, paired by (name, step, call, role, rank)."""
+    """Tensors of two runs of the same program, paired by (name, step, call, role, rank, thread):
+    a thread's records pair with those of the same thread of the other run."""
 
     def pair(self, a: Dump, b: Dump) -> list[Pair]:
         return merge_in_order(a.records, b.records, key=lambda r: r.pair_key,

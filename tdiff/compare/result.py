@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from tdiff.compare.metrics import ReportedMetrics
 from tdiff.compare.tokens import TokenVerdict
+from tdiff.store.record import MAIN_THREAD
 from tdiff.errors import TdiffError
 
 DIVERGED_STATUSES = ("mismatch", "only_a", "only_b", "shape_mismatch", "dtype_mismatch")
@@ -46,6 +47,7 @@ class TensorVerdict:
     step: int
     call: int
     rank: int
+    thread: str                         # the recording thread (tdiff.hooks.running names it)
     module: str | None                  # side A's module (None where only B has the tensor)
     module_b: str | None
     layer: int | None
@@ -66,7 +68,7 @@ class TensorVerdict:
 
     def to_json(self) -> dict:
         out: dict = {"name": self.name, "status": self.status, "role": self.role, "step": self.step,
-                     "call": self.call, "rank": self.rank, "module": self.module, "module_b": self.module_b,
+                     "call": self.call, "rank": self.rank, "thread": self.thread, "module": self.module, "module_b": self.module_b,
                      "layer": self.layer, "kind": self.kind, "dtype_a": self.dtype_a, "dtype_b": self.dtype_b,
                      "shape_a": self.shape_a, "shape_b": self.shape_b}
         if self.reason:
@@ -85,7 +87,7 @@ class TensorVerdict:
             raise ValueError(f"{data['name']}: unknown status {data['status']!r}")
         plan = data.get("plan", {"a": [], "b": []})
         return cls(name=data["name"], status=data["status"], role=data["role"], step=data["step"],
-                   call=data["call"], rank=data["rank"], module=data["module"], module_b=data["module_b"],
+                   call=data["call"], rank=data["rank"], thread=data.get("thread", MAIN_THREAD), module=data["module"], module_b=data["module_b"],
                    layer=data["layer"], kind=data["kind"], dtype_a=data["dtype_a"], dtype_b=data["dtype_b"],
                    shape_a=data["shape_a"], shape_b=data["shape_b"], reason=data.get("reason"),
                    metrics=ReportedMetrics.from_json(data["metrics"]) if "metrics" in data else None,

@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import os
 from importlib import metadata
 import sys
-import threading
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -50,6 +48,7 @@ from tdiff.hooks.device import Summarizer, host_copy
 from tdiff.hooks.layouts import unrecordable
 from tdiff.hooks.naming import ModulePaths, flatten_call_inputs, flatten_tensors, tensor_name
 from tdiff.hooks.ops import OpRecorder, OpTracer
+from tdiff.hooks.running import Frame, RunningState, count_call
 from tdiff.hooks.selection import Selection
 from tdiff.hooks.stack_room import StackRoom
 from tdiff.hooks.tokens import describe_tokens, row_tokens, token_source
@@ -59,17 +58,6 @@ from tdiff.vocab.paths import call_layer, layer_of
 MODES = ("full", "stats")
 
 _original_call: Callable[..., Any] | None = None
-
-
-class _Frame:
-    __slots__ = ("module", "path", "call", "annotator", "layer", "compiled", "tracer")
-
-    def __init__(self, module, path, call, annotator, layer, compiled=False, tracer=None):
-        self.module, self.path, self.call = module, path, call
-        self.annotator = annotator   # the framework whose annotator describes this call's records
-        self.layer = layer           # the decoder layer this call belongs to (tdiff.vocab.paths.call_layer)
-        self.compiled = compiled     # a torch.compile'd module: what it calls runs as compiled code
-        self.tracer: OpTracer | None = tracer   # records this call's own ops (capture --ops)
 
 
 class _Site:
@@ -137,16 +125,10 @@ class Capture:
         if batch_row is not None and batch_row < 0:
             raise TdiffError(f"--batch-row must not be negative, not {batch_row}")
         self.batch_row = batch_row
-        self._batch_size: int | None = None      # of the current outermost call's first input
         self.writer: DumpWriter | None = None
-        self.step_index = 0
-        self._manual_steps = False
-        self._top_level_done: set[int] = set()   # ids of modules that ran at the top level this step
-        self._calls: dict[str, int] = {}         # per-step invocation counters by module path / name
-        self._seq = itertools.count()
+        self.running = RunningState()   # each thread's step, calls and module stack; the records' order
         self._paths = ModulePaths()
         self._sites: dict[tuple, _Site] = {}   # (id(module), where it was called from) -> its site
-        self._local = threading.local()
         self._aliases: dict[int, _Seen] = {}
         self._rank: int | None = None
         self._rank_known = False   # torch.distributed gave it: it cannot change any more
@@ -231,16 +213,14 @@ class Capture:
     def after_fork_in_child(self) -> None:
         """A forked child continues the capture into a manifest part of its own."""
         self.writer = self._new_writer()
-        self._local = threading.local()
+        self.running.after_fork_in_child()
         self._aliases.clear()
         self._summaries = Summarizer()
 
     # ---- steps ----
     def advance_step(self, *, manual: bool) -> None:
-        self._manual_steps = self._manual_steps or manual
-        self.step_index += 1
-        self._top_level_done.clear()
-        self._calls.clear()
+        """The calling thread's next step."""
+        self.running.thread().advance(manual=manual)
         self._aliases.clear()
         if self._ops is not None:
             self._ops.clear()
@@ -249,11 +229,8 @@ class Capture:
 
     # ---- module calls ----
     @property
-    def _stack(self) -> list[_Frame]:
-        stack = getattr(self._local, "stack", None)
-        if stack is None:
-            stack = self._local.stack = []
-        return stack
+    def _stack(self) -> list[Frame]:
+        return self.running.thread().stack
 
     def _outside_ops(self, work, *args):
         """Run ``work`` with the op tracer of the enclosing traced forward (capture --ops) paused:
@@ -273,7 +250,8 @@ class Capture:
         return self._outside_ops(self._module_call, module, invoke, args, kwargs)
 
     def _module_call(self, module, invoke, args, kwargs):
-        stack = self._stack
+        thread = self.running.thread()
+        stack = thread.stack
         self._stack_room.make_room(len(stack) + 1)
         parent = stack[-1] if stack else None
         if parent is not None and parent.compiled:
@@ -287,25 +265,23 @@ class Capture:
         if graph is None and self._graphs.unrecorded():
             return invoke(*args, **kwargs)
         if parent is None:
-            if graph is None and not self._manual_steps and id(module) in self._top_level_done:
+            if graph is None and not thread.manual_steps and id(module) in thread.top_level_done:
                 self.advance_step(manual=False)
             if not self._rank_known:
                 self._rank = None  # torch.distributed may have started since the last outermost call
             if graph is None:
                 self._tokens_of_forward(module, args, kwargs)
             if self.batch_row is not None:
-                self._batch_size = _batch_size(args, kwargs)
-                if self._batch_size and self.batch_row >= self._batch_size:
-                    raise TdiffError(f"--batch-row {self.batch_row} is outside the batch of {self._batch_size}")
+                thread.batch_size = _batch_size(args, kwargs)
+                if thread.batch_size and self.batch_row >= thread.batch_size:
+                    raise TdiffError(f"--batch-row {self.batch_row} is outside the batch of {thread.batch_size}")
             if graph is not None and graph.rows is None:
                 graph.rows = _batch_size(args, kwargs)
         path = site.path
-        calls = graph.calls if graph is not None else self._calls
-        call = calls.get(path, 0)
-        calls[path] = call + 1
+        call = count_call(graph.calls if graph is not None else thread.calls, path)
         if self._graft is not None:
-            args, kwargs = self._graft.inputs(path, self.step_index, call, self._current_rank(), args, kwargs)
-        recording = (site.wanted and (graph is not None or self.selection.wants_step(self.step_index))
+            args, kwargs = self._graft.inputs(path, thread.step, call, self._current_rank(), args, kwargs)
+        recording = (site.wanted and (graph is not None or self.selection.wants_step(thread.step))
                      and not self.writer.failed)
         compiled = _compiled(module)
         described = site.wrapped if compiled and site.wrapped is not None else module
@@ -327,7 +303,7 @@ class Capture:
         if compiled:
             self.note(f"torch.compile: {tensor_name(path, '')} ran compiled: its inputs and outputs are "
                       "recorded, the modules inside it are not (capture without torch.compile to record them)")
-        stack.append(_Frame(module, path, call, site.annotator, site.layer, compiled, tracer))
+        stack.append(Frame(module, path, call, site.annotator, site.layer, compiled, tracer))
         try:
             if tracer is None:
                 output = invoke(*args, **kwargs)
@@ -341,10 +317,10 @@ class Capture:
                 self._record(tensor, site.name(sub), sub, "output", call, where)
             self._summaries.launch()
         if not stack:
-            (graph.top_level if graph is not None else self._top_level_done).add(id(module))
+            (graph.top_level if graph is not None else thread.top_level_done).add(id(module))
         return output
 
-    def _site(self, module, parent: _Frame | None) -> _Site:
+    def _site(self, module, parent: Frame | None) -> _Site:
         """The site of this call: looked up, or worked out on the module's first call from here."""
         key = (id(module), parent.path, parent.layer, parent.annotator) if parent else (id(module),)
         site = self._sites.get(key)
@@ -375,7 +351,7 @@ class Capture:
         self._outside_ops(self._tokens, given)
 
     def _tokens(self, given: dict) -> None:
-        batch = describe_tokens(step=self.step_index, rank=0, **given)
+        batch = describe_tokens(step=self.running.thread().step, rank=0, **given)
         if self._stack:
             self._write_tokens(batch)
         else:
@@ -391,12 +367,13 @@ class Capture:
         """At an outermost call: the tokens given for it, else what its framework's source reads
         from the call (once per step)."""
         batch, self._pending_tokens = self._pending_tokens, None
-        if batch is None and self._tokens_step != self.step_index:
+        step = self.running.thread().step
+        if batch is None and self._tokens_step != step:
             framework = type(getattr(module, "_orig_mod", module)).__module__.partition(".")[0]
             source = token_source(framework)
             given = source(module, args, kwargs) if source is not None else None
             if given is not None:
-                batch = describe_tokens(step=self.step_index, rank=0, source=framework, **given)
+                batch = describe_tokens(step=step, rank=0, source=framework, **given)
         if batch is not None:
             self._write_tokens(batch)
 
@@ -405,27 +382,27 @@ class Capture:
         if self.batch_row is not None:
             self.note("--batch-row: token metadata is not recorded (rows are cut from the batch)")
             return
-        if not self.selection.wants_step(self.step_index) or self.writer.failed:
+        step = self.running.thread().step
+        if not self.selection.wants_step(step) or self.writer.failed:
             return
-        self._tokens_step = self.step_index
-        self.writer.submit_tokens(dataclasses.replace(batch, step=self.step_index, rank=self._current_rank()))
+        self._tokens_step = step
+        self.writer.submit_tokens(dataclasses.replace(batch, step=step, rank=self._current_rank()))
 
     def dump(self, name: str, value, positions=None, seq_ids=None) -> None:
         self._outside_ops(self._dump, name, value, positions, seq_ids)
 
     def _dump(self, name: str, value, positions=None, seq_ids=None) -> None:
-        stack = self._stack
+        thread = self.running.thread()
+        stack = thread.stack
         parent = stack[-1] if stack else None
         graph = self._graphs.capturing()
         if graph is None and self._graphs.unrecorded():
             return
-        calls = graph.calls if graph is not None else self._calls
-        call = calls.get(name, 0)
-        calls[name] = call + 1
-        if not ((graph is not None or self.selection.wants_step(self.step_index))
+        call = count_call(graph.calls if graph is not None else thread.calls, name)
+        if not ((graph is not None or self.selection.wants_step(thread.step))
                 and self.selection.wants(name, explicit=True) and not self.writer.failed):
             return
-        if self._pending_tokens is not None and not self._top_level_done:
+        if self._pending_tokens is not None and not thread.top_level_done:
             self._write_tokens(self._pending_tokens)   # no model ran in this step: they describe it
         where = (parent.path if parent else "", None, parent, len(stack), None, name, None)
         for sub, tensor in flatten_tensors(value):
@@ -436,7 +413,7 @@ class Capture:
         self._summaries.launch()
 
     @staticmethod
-    def _layer_of_call(path: str, parent: _Frame | None) -> tuple[int | None, int | None]:
+    def _layer_of_call(path: str, parent: Frame | None) -> tuple[int | None, int | None]:
         """The decoder layer this call belongs to, and that layer again where the module path
         says another (a module shared by layers: recorded as ``Record.layer``), else None."""
         layer = call_layer(path, parent.path, parent.layer) if parent else call_layer(path, None, None)
@@ -462,11 +439,12 @@ class Capture:
         device = tensor.device
         module_path, module, parent, depth, annotator, counter, layer = where
         graph = self._graphs.capturing()
-        seq = next(self._seq)
+        thread = self.running.thread()
+        seq = self.running.next_seq()
         original = tensor
         if tensor.requires_grad:
             tensor = tensor.detach()
-        if self._batch_size and tensor.dim() and tensor.shape[0] == self._batch_size:
+        if thread.batch_size and tensor.dim() and tensor.shape[0] == thread.batch_size:
             tensor = tensor[self.batch_row:self.batch_row + 1]
         quantization = None
         if tensor.is_quantized:
@@ -477,7 +455,7 @@ class Capture:
         seen = self._alias_of(original, tensor) if graph is None else None
         alias_of = seen.pending.record.seq if seen is not None else None
         record = Record(
-            seq=seq, name=name, module=module_path, role=role, step=self.step_index, call=call,
+            seq=seq, name=name, module=module_path, role=role, step=thread.step, call=call, thread=thread.label,
             rank=self._current_rank(), dtype=dtype_name(tensor.dtype), shape=tuple(tensor.shape),
             sub=sub, module_class=type(module).__name__ if module is not None else None,
             parent=parent.path if parent else None, depth=depth, layer=layer, device=_device_name(device),

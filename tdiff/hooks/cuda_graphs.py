@@ -35,6 +35,7 @@ import torch
 from tdiff.bootstrap.imports import when_imported
 from tdiff.errors import TdiffError
 from tdiff.hooks.active import active_capture
+from tdiff.hooks.running import ThreadState
 from tdiff.hooks.token_sources import forward_batch_tokens
 from tdiff.hooks.device import _Batch, _DeviceSummary, _packed_summary
 from tdiff.store.dtypes import from_bytes_view, to_bytes_view
@@ -188,26 +189,28 @@ class GraphRecorder:
             return
         if rows is not None and recording.rows is not None and rows > recording.rows:
             raise TdiffError(f"tdiff.graph_rows({rows}): the graph was captured for {recording.rows} rows")
-        step, bases = _replay_step(capture, recording)
+        thread, bases = _replay_step(capture, recording)
         capture.forward_replayed()
-        if not capture.selection.wants_step(step) or capture.writer.failed:
+        if not capture.selection.wants_step(thread.step) or capture.writer.failed:
             return
-        _emit(capture, recording, step, bases, rows if rows != recording.rows else None)
+        _emit(capture, recording, thread, bases, rows if rows != recording.rows else None)
 
 
-def _replay_step(capture, recording: GraphRecording) -> tuple[int, dict[str, int]]:
-    """A replay is one forward pass: the step advances as it would for an eager forward of the
-    same outermost modules, and its calls count on from those already made in the step."""
-    if not capture._manual_steps and recording.top_level & capture._top_level_done:
+def _replay_step(capture, recording: GraphRecording) -> tuple[ThreadState, dict[str, int]]:
+    """A replay is one forward pass of the replaying thread: its step advances as it would for an
+    eager forward of the same outermost modules, and its calls count on from those already made
+    in the step."""
+    thread = capture.running.thread()
+    if not thread.manual_steps and recording.top_level & thread.top_level_done:
         capture.advance_step(manual=False)
-    bases = {counter: capture._calls.get(counter, 0) for counter in recording.calls}
+    bases = {counter: thread.calls.get(counter, 0) for counter in recording.calls}
     for counter, count in recording.calls.items():
-        capture._calls[counter] = bases[counter] + count
-    capture._top_level_done |= recording.top_level
-    return capture.step_index, bases
+        thread.calls[counter] = bases[counter] + count
+    thread.top_level_done |= recording.top_level
+    return thread, bases
 
 
-def _emit(capture, recording: GraphRecording, step: int, bases: dict, rows: int | None) -> None:
+def _emit(capture, recording: GraphRecording, thread: ThreadState, bases: dict, rows: int | None) -> None:
     """Copy the static buffers to pinned host memory on the current (replay) stream, so the next
     replay, queued after on that stream, cannot overwrite them before the copies are done."""
     stats_batches = {}
@@ -218,12 +221,12 @@ def _emit(capture, recording: GraphRecording, step: int, bases: dict, rows: int 
     seqs: list[int] = []
     for entry in recording.entries:
         record = entry.record
-        seq = next(capture._seq)
+        seq = capture.running.next_seq()
         seqs.append(seq)
         source = recording.entries[entry.alias] if entry.alias is not None else entry
         shape = _trimmed(record.shape, rows, recording.rows) if source.slot is None else record.shape
-        record = dataclasses.replace(record, seq=seq, step=step, call=bases[entry.counter] + record.call,
-                                     shape=shape)
+        record = dataclasses.replace(record, seq=seq, step=thread.step, call=bases[entry.counter] + record.call,
+                                     thread=thread.label, shape=shape)
         if entry.alias is not None:
             copies.append(Pending(record=dataclasses.replace(record, alias_of=seqs[entry.alias]),
                                   original=copies[entry.alias]))

@@ -15,6 +15,7 @@ from rich.text import Text
 from tdiff.align.pairing import Alignment, SideAlignment
 from tdiff.align.tokens import TokenAlignment
 from tdiff.compare.engine import CompareReport, Comparison
+from tdiff.store.record import MAIN_THREAD
 from tdiff.text import printable
 from tdiff.vocab.paths import ROOT_LABEL
 
@@ -195,8 +196,13 @@ def summary_line(report: CompareReport) -> str:
     at_token = (f" (first at position {token.position} of sequence {token.seq_a}, B's step {token.step_b})"
                 if token is not None else "")
     return (f"diverged: {diverged} of {counts['compared']} tensors differ{_token_totals(report)}; first: "
-            f"{first.name}{where} step {first.record.step} call {first.record.call}{at_token}: "
+            f"{first.name}{where}{_thread(first.record)} step {first.record.step} call {first.record.call}{at_token}: "
             f"{describe(first, report.options.tolerance.describe())}")
+
+
+def _thread(record) -> str:
+    """Which thread recorded it, where it was not the process's first."""
+    return f" thread {record.thread}" if record.thread != MAIN_THREAD else ""
 
 
 def _token_totals(report: CompareReport) -> str:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from tdiff.errors import DumpError
 
 ROLES = ("input", "output", "explicit", "op")
+MAIN_THREAD = "MainThread"   # threading's name of a process's first thread
 _SAFE_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 
 
@@ -40,6 +41,9 @@ class Record:
     parent: str | None = None   # module path of the enclosing call, None at the top
     depth: int = 0
     layer: int | None = None    # the decoder layer that made the call, where the module path says another
+    # the recording thread's label (tdiff.hooks.running): step and call count per thread. Always
+    # written; dumps from before it was read as "MainThread"
+    thread: str = field(default=MAIN_THREAD, metadata={"always_written": True})
     device: str = "cpu"
     stats: dict | None = None
     fingerprint: str | None = None
@@ -61,7 +65,7 @@ class Record:
     @property
     def pair_key(self) -> tuple:
         """What identifies the same tensor in two runs of the same program."""
-        return (self.name, self.step, self.call, self.role, self.rank)
+        return (self.name, self.step, self.call, self.role, self.rank, self.thread)
 
     def set_contents(self, stats: dict | None, fingerprint: str | None, file: str | None = None,
                      key: str | None = None) -> None:
@@ -151,5 +155,6 @@ _STORED = [f for f in dataclasses.fields(Record) if f.metadata.get("stored", Tru
 _HINTS = get_type_hints(Record)
 _SCHEMA = {f.name: (_json_type(_HINTS[f.name]), _optional(f)) for f in _STORED}
 # (name, may be left out, default) of each stored field, computed once: to_json runs per record
-_STORED_FIELDS = tuple((f.name, _optional(f), _default(f) if _optional(f) else None) for f in _STORED)
+_STORED_FIELDS = tuple((f.name, _optional(f) and not f.metadata.get("always_written", False),
+                        _default(f) if _optional(f) else None) for f in _STORED)
 _STORED_VALUES = operator.attrgetter(*(name for name, _, _ in _STORED_FIELDS))

@@ -110,8 +110,9 @@ def test_the_records_kept_for_aliases_do_not_grow_with_the_steps(tmp_path, monke
 
 
 def test_an_alias_another_thread_found_across_a_steps_end_resolves(tmp_path, monkeypatch):
-    # thread B stores x, then (before B notes it for aliases) thread A ends the step; B's next
-    # record of the unchanged x, in the next step, is an alias of the step before's record
+    # thread B stores x, then (before B notes it for aliases) thread A ends its step, which flushes
+    # the writer; B's next record of the unchanged x (in B's own step: threads count steps apart)
+    # is an alias of the record written before the flush
     from tdiff.hooks.capture import Capture
 
     x = torch.randn(16)
@@ -147,7 +148,7 @@ def test_an_alias_another_thread_found_across_a_steps_end_resolves(tmp_path, mon
         dump = open_dump(tmp_path / mode)
         assert dump.complete, mode
         first, second = dump.records
-        assert (first.step, second.step, second.alias_of) == (0, 1, first.seq)
+        assert (first.step, second.step, second.call, second.alias_of) == (0, 0, 1, first.seq)
         assert second.fingerprint == first.fingerprint and second.stats == first.stats
         if mode == "full":
             assert torch.equal(dump.load(second), x)

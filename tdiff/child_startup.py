@@ -49,7 +49,7 @@ def _stop_on_sigterm(capture) -> None:
         return  # the program handles SIGTERM itself and will exit through atexit
 
     def finish_and_terminate(signum, frame):
-        capture.stop("the process was ended by SIGTERM")
+        capture.terminated("the process was ended by SIGTERM")
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
 

@@ -31,7 +31,7 @@ import torch
 import tdiff
 from tdiff.store.dtypes import dtype_name, quantization_of
 from tdiff.store.fingerprint import xxh3_fingerprint
-from tdiff.store.manifest import create_dump, new_part_id
+from tdiff.store.manifest import MANIFEST_DIR, create_dump, new_part_id
 from tdiff.store.record import Record
 from tdiff.store.storage import STORAGES
 from tdiff.store.tokens import TokenBatch
@@ -48,6 +48,7 @@ from tdiff.hooks.device import Summarizer, host_copy
 from tdiff.hooks.layouts import unrecordable
 from tdiff.hooks.naming import ModulePaths, flatten_call_inputs, flatten_tensors, tensor_name
 from tdiff.hooks.ops import OpRecorder, OpTracer
+from tdiff.hooks.part import ProcessPart
 from tdiff.hooks.running import Frame, RunningState, count_call
 from tdiff.hooks.selection import Selection
 from tdiff.hooks.stack_room import StackRoom
@@ -125,7 +126,7 @@ class Capture:
         if batch_row is not None and batch_row < 0:
             raise TdiffError(f"--batch-row must not be negative, not {batch_row}")
         self.batch_row = batch_row
-        self.writer: DumpWriter | None = None
+        self.part = ProcessPart(self._new_writer)   # this process's manifest and shards
         self.running = RunningState()   # each thread's step, calls and module stack; the records' order
         self._paths = ModulePaths()
         self._sites: dict[tuple, _Site] = {}   # (id(module), where it was called from) -> its site
@@ -155,7 +156,8 @@ class Capture:
         try:
             create_dump(self.root, {"side": self.side, "mode": self.mode, "storage": self.storage,
                                     "tdiff": tdiff.__version__})
-            self.writer = self._new_writer()
+            if not os.access(self.root / MANIFEST_DIR, os.W_OK | os.X_OK):
+                raise TdiffError(f"cannot write into dump directory {self.root}: permission denied")
         except BaseException:
             if claim is not None:
                 claim.release()
@@ -176,19 +178,32 @@ class Capture:
         if self._forward_restore is not None:
             self._forward_restore()
             self._forward_restore = None
-        if self._pending_tokens is not None and self.writer is not None:
+        if self._pending_tokens is not None and not self.part.closed:
             self._write_tokens(self._pending_tokens)  # no forward followed: they describe this step
-        if self.writer is not None:
-            self._summaries.flush()
-            self.writer.close(error, notes=self.notes)
-            self.writer = None
+        self._summaries.flush()
+        self.part.close(error, self.notes)
         self._stack_room.give_back()
         if self._claim is not None:
             self._claim.release()
             self._claim = None
 
+    def terminated(self, reason: str) -> None:
+        """The process is being ended by a signal (SIGTERM): the part ends as failed, since what
+        the process computed may be cut short. Between model calls, a process that recorded
+        nothing leaves no part, and a forked child (a pool's idle worker, which its pool ends so)
+        leaves its part settled: all it recorded is there."""
+        if not self.running.busy() and (self.part.opened is None or self.part.forked):
+            if active_capture() is self:
+                set_active(None)
+            return
+        self.stop(reason)
+
     def __enter__(self) -> Self:
         return self.start()
+
+    @property
+    def writer(self) -> DumpWriter:
+        return self.part.writer
 
     def __exit__(self, exc_type, exc, traceback) -> None:
         succeeded = exc_type is None or (exc_type is SystemExit and exc.code in (None, 0))
@@ -211,9 +226,10 @@ class Capture:
             print(f"tdiff: {message}", file=sys.stderr, flush=True)
 
     def after_fork_in_child(self) -> None:
-        """A forked child continues the capture into a manifest part of its own."""
-        self.writer = self._new_writer()
+        """A forked child continues the capture into a manifest part of its own (tdiff.hooks.part)."""
+        self.part.after_fork_in_child()
         self.running.after_fork_in_child()
+        self._pending_tokens = None   # the parent's next forward's
         self._aliases.clear()
         self._summaries = Summarizer()
 
@@ -225,7 +241,7 @@ class Capture:
         if self._ops is not None:
             self._ops.clear()
         self._summaries.flush()
-        self.writer.flush()
+        self.part.flush()
 
     # ---- module calls ----
     @property
@@ -247,7 +263,15 @@ class Capture:
             tracing.paused -= 1
 
     def module_call(self, module, invoke, args, kwargs):
-        return self._outside_ops(self._module_call, module, invoke, args, kwargs)
+        output = self._outside_ops(self._module_call, module, invoke, args, kwargs)
+        if self.part.forked and not self._stack:
+            self._settle()
+        return output
+
+    def _settle(self) -> None:
+        """A forked child's outermost call or dump has returned: its records go to disk now."""
+        self._summaries.flush()
+        self.part.settle(self.notes)
 
     def _module_call(self, module, invoke, args, kwargs):
         thread = self.running.thread()
@@ -282,7 +306,7 @@ class Capture:
         if self._graft is not None:
             args, kwargs = self._graft.inputs(path, thread.step, call, self._current_rank(), args, kwargs)
         recording = (site.wanted and (graph is not None or self.selection.wants_step(thread.step))
-                     and not self.writer.failed)
+                     and not self.part.failed)
         compiled = _compiled(module)
         described = site.wrapped if compiled and site.wrapped is not None else module
         where = (path, described, parent, len(stack), site.annotator, path, site.other_layer)
@@ -383,13 +407,15 @@ class Capture:
             self.note("--batch-row: token metadata is not recorded (rows are cut from the batch)")
             return
         step = self.running.thread().step
-        if not self.selection.wants_step(step) or self.writer.failed:
+        if not self.selection.wants_step(step) or self.part.failed:
             return
         self._tokens_step = step
         self.writer.submit_tokens(dataclasses.replace(batch, step=step, rank=self._current_rank()))
 
     def dump(self, name: str, value, positions=None, seq_ids=None) -> None:
         self._outside_ops(self._dump, name, value, positions, seq_ids)
+        if self.part.forked and not self._stack:
+            self._settle()
 
     def _dump(self, name: str, value, positions=None, seq_ids=None) -> None:
         thread = self.running.thread()
@@ -400,7 +426,7 @@ class Capture:
             return
         call = count_call(graph.calls if graph is not None else thread.calls, name)
         if not ((graph is not None or self.selection.wants_step(thread.step))
-                and self.selection.wants(name, explicit=True) and not self.writer.failed):
+                and self.selection.wants(name, explicit=True) and not self.part.failed):
             return
         if self._pending_tokens is not None and not thread.top_level_done:
             self._write_tokens(self._pending_tokens)   # no model ran in this step: they describe it
@@ -423,7 +449,7 @@ class Capture:
     def record_op(self, tensor: torch.Tensor, name: str, sub: str, call: int, where: tuple,
                   op: dict) -> int | None:
         """An op's output inside a traced forward (tdiff.hooks.ops); returns its record's seq."""
-        if self.writer.failed:
+        if self.part.failed:
             return None
         seq = self._record(tensor, name, sub, "op", call, where, op=op)
         self._summaries.launch()  # before a later op can write the tensor (an in-place op)

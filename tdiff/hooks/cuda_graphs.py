@@ -153,8 +153,9 @@ class GraphRecorder:
         writer finish what it holds, so that no tdiff thread makes a CUDA call during the capture
         (in the default global capture mode, an event wait in any thread invalidates it)."""
         self.capture._summaries.flush()
-        if self.capture.writer is not None:
-            self.capture.writer.drain()
+        writer = self.capture.part.opened
+        if writer is not None:
+            writer.drain()
 
     def begin(self) -> None:
         _thread.recording = GraphRecording(self)
@@ -191,7 +192,7 @@ class GraphRecorder:
             raise TdiffError(f"tdiff.graph_rows({rows}): the graph was captured for {recording.rows} rows")
         thread, bases = _replay_step(capture, recording)
         capture.forward_replayed()
-        if not capture.selection.wants_step(thread.step) or capture.writer.failed:
+        if not capture.selection.wants_step(thread.step) or capture.part.failed:
             return
         _emit(capture, recording, thread, bases, rows if rows != recording.rows else None)
 

@@ -77,19 +77,23 @@ class RunningState:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._named: dict[str, int] = {}   # thread name -> threads of that name seen
+        self._threads: list[ThreadState] = []
         self._seq = itertools.count()
 
     def thread(self) -> ThreadState:
         """The calling thread's state (made on its first use)."""
         state = getattr(self._local, "state", None)
         if state is None:
-            state = self._local.state = ThreadState(self._label(threading.current_thread().name))
+            name = threading.current_thread().name
+            with self._lock:
+                seen = self._named[name] = self._named.get(name, 0) + 1
+                state = self._local.state = ThreadState(name if seen == 1 else f"{name}#{seen}")
+                self._threads.append(state)
         return state
 
-    def _label(self, name: str) -> str:
-        with self._lock:
-            seen = self._named[name] = self._named.get(name, 0) + 1
-        return name if seen == 1 else f"{name}#{seen}"
+    def busy(self) -> bool:
+        """Whether a module call is running in any thread."""
+        return any(state.stack for state in self._threads)
 
     def next_seq(self) -> int:
         """The next record's place in the process's execution order (itertools.count is atomic)."""
@@ -104,8 +108,10 @@ class RunningState:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._named = {}
+        self._threads = []
         if forking is not None:
             self._named[threading.current_thread().name] = 1
             forking.stack = []
             forking.batch_size = None
             self._local.state = forking
+            self._threads.append(forking)

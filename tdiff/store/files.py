@@ -22,6 +22,13 @@ MAX_SMALL_FILE = 16 << 20      # a dump header, a repeat index, a patch or mappi
 MAX_MANIFEST_LINE = 64 << 20   # one manifest record; real ones are well under a megabyte
 
 
+def write_all(fd: int, data) -> None:
+    """Write all of ``data`` (bytes, or a buffer) at the file descriptor's offset."""
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def check_regular(path: Path, what: str) -> None:
     """Refuse anything but a regular file (after following symlinks) at ``path``."""
     try:

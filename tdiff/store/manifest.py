@@ -8,7 +8,10 @@ Layout of a dump directory (docs/FORMAT.md has the full description):
 
 A part's records are appended only after the shard holding their bytes has been renamed into
 place, so every record on disk points at complete data. A part without its end line belongs to a
-process that died (or is still running): the dump is incomplete.
+process that died (or is still running): the dump is incomplete. A forked child's part (which
+often ends through ``os._exit``, with no end line) says with a "settled" line each time all it has
+recorded is on disk, and with a "resumed" line that it records again: a part whose last line is
+a "settled" one ended there.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 import socket
 import time
 import uuid
@@ -25,14 +29,14 @@ from pathlib import Path
 
 import orjson
 
-from tdiff.store.files import bounded_lines
+from tdiff.store.files import bounded_lines, write_all
 from tdiff.store.record import Record
 from tdiff.store.tokens import TokenBatch
 from tdiff.errors import DumpError
 
 FORMAT = "tdiff-dump"
-FORMAT_VERSION = 3   # 2: "tokens" lines (token metadata per forward); 3: records of role "op" (capture --ops);
-                     # older dumps still read
+FORMAT_VERSION = 4   # 2: "tokens" lines (token metadata per forward); 3: records of role "op" (capture --ops);
+                     # 4: "settled" lines (a forked child's part); older dumps still read
 DUMP_FILE = "tdiff-dump.json"
 STORAGES = ("safetensors", "h5")   # tensor shard formats (tdiff.store.storage)
 MANIFEST_DIR = "manifests"
@@ -104,18 +108,24 @@ def update_dump_info(root: Path, **info) -> None:
 
 
 class ManifestJournal:
-    """Appends one process's header, records and end line to its manifest part."""
+    """Appends one process's header, records and end line to its manifest part.
+
+    Unbuffered: each append is in the file when it returns (a process leaving through
+    ``os._exit`` keeps it), and a forked child, which inherits the file, has no buffer of the
+    parent's to flush into it."""
 
     def __init__(self, root: Path, part: str, header: dict):
         self.path = root / MANIFEST_DIR / f"{part}.jsonl"
-        self._file = open(self.path, "xb")  # noqa: SIM115 - open until close() ends the part
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        self._lock = threading.Lock()   # shard writers append in turn; resume() comes from a hook
         self._write({"type": "header", "format": FORMAT, "version": FORMAT_VERSION, "part": part,
                      "pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
                      **header})
 
     def _write(self, *lines: dict) -> None:
-        self._file.write(b"".join(_encode(line) for line in lines))
-        self._file.flush()
+        data = b"".join(_encode(line) for line in lines)
+        with self._lock:
+            write_all(self._fd, data)
 
     def append(self, records: list[Record], tokens: Sequence[TokenBatch] = ()) -> None:
         lines = [{"type": "tokens", **t.to_json()} for t in tokens]
@@ -123,13 +133,21 @@ class ManifestJournal:
         if lines:
             self._write(*lines)
 
-    def end(self, records: int, error: str | None = None, notes: Sequence[str] = ()) -> None:
-        self._write({"type": "end", "records": records, "status": "failed" if error else "complete",
-                     **({"error": error} if error else {}), **({"notes": list(notes)} if notes else {})})
-        self._file.close()
+    def settle(self, records: int, notes: Sequence[str] = ()) -> None:
+        """Say that the part's ``records`` records (all it has) are on disk, with the notes so far."""
+        self._write({"type": "settled", "records": records, **({"notes": list(notes)} if notes else {})})
 
-    def close(self) -> None:
-        self._file.close()
+    def resume(self) -> None:
+        """Say that the process records again after settling: until it settles again, a part
+        that ends here was cut short."""
+        self._write({"type": "resumed"})
+
+    def end(self, records: int, error: str | None = None, notes: Sequence[str] = ()) -> None:
+        try:
+            self._write({"type": "end", "records": records, "status": "failed" if error else "complete",
+                         **({"error": error} if error else {}), **({"notes": list(notes)} if notes else {})})
+        finally:
+            os.close(self._fd)
 
 
 def _encode(line: dict) -> bytes:
@@ -170,6 +188,7 @@ def read_part(path: Path) -> Part:
     where = f"{path}"
     part = Part(name=path.stem, header={})
     end = None
+    settled = None   # the last line, when it is a "settled" line
     number = 0
     for number, raw in bounded_lines(path, "manifest"):
         truncated = not raw.endswith(b"\n")  # only the last line can lack its newline
@@ -188,6 +207,7 @@ def read_part(path: Path) -> Part:
         if not isinstance(entry, dict):
             raise DumpError(f"{where} line {number}: not a JSON object (corrupted manifest)")
         kind = entry.pop("type", None)
+        settled = entry if kind == "settled" else None
         if number == 1:
             if kind != "header":
                 raise DumpError(f"{where} line 1: the manifest does not start with its header")
@@ -200,15 +220,23 @@ def read_part(path: Path) -> Part:
             part.tokens.append(TokenBatch.from_json(entry, f"{where} line {number}"))
         elif kind == "end":
             end = entry
+        elif kind in ("settled", "resumed"):
+            pass
         else:
             raise DumpError(f"{where} line {number}: unknown entry type {kind!r}")
     if number == 0:
         raise DumpError(f"{where}: {_EMPTY}")
-    if part.problem is None:
+    if part.problem is None and end is None and settled is not None and settled.get("records") == len(part.records):
+        end = settled
+        part.notes.append(f"manifest {path.name} ended without an end line, after a model call or dump that "
+                          f"completed, all its {len(part.records)} records written (a forked child that left through "
+                          "os._exit, or was ended by a signal between model calls): what the process did "
+                          "after that was not recorded")
+    elif part.problem is None:
         part.problem = _end_problem(path, end, len(part.records))
     notes = (end or {}).get("notes")
     if isinstance(notes, list):
-        part.notes = [str(note) for note in notes]
+        part.notes = [str(note) for note in notes] + part.notes
     part.records = [_with_part(r, part.name) for r in part.records]
     return part
 

@@ -26,7 +26,7 @@ from typing import TypeVar
 import torch
 
 from tdiff.store.dtypes import dtype_name, to_bytes_view
-from tdiff.store.files import open_regular
+from tdiff.store.files import open_regular, write_all
 from tdiff.store.manifest import STORAGES
 from tdiff.errors import DumpError
 
@@ -124,7 +124,7 @@ class _Stream:
     def _write(self, data) -> None:
         view = memoryview(data).cast("B")
         self.nbytes += len(view)
-        _write_all(self._fd, view)
+        write_all(self._fd, view)
 
     def discard(self) -> None:
         """Give the file up (writing failed); never raises: it runs on the way out of a failure."""
@@ -137,11 +137,6 @@ class _Stream:
         fd, self._fd = self._fd, -1   # closed once, even when closing fails
         if fd >= 0:
             os.close(fd)
-
-
-def _write_all(fd: int, view: memoryview) -> None:
-    while view:
-        view = view[os.write(fd, view):]
 
 
 class SafetensorsStream(_Stream):
@@ -197,7 +192,7 @@ class SafetensorsStream(_Stream):
         length = self.header_room - 8
         header = b"{" + b",".join(self._entries) + b"}"
         os.lseek(self._fd, 0, os.SEEK_SET)
-        _write_all(self._fd, memoryview(struct.pack("<Q", length) + header.ljust(length, b" ")))
+        write_all(self._fd, memoryview(struct.pack("<Q", length) + header.ljust(length, b" ")))
         self._close()
         os.replace(self._tmp, self.path)
 

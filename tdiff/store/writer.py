@@ -77,6 +77,14 @@ _FLUSH = object()
 _STOP = object()
 
 
+class _Settle(threading.Event):
+    """settle(): set once everything before it is journaled, and the journal says so."""
+
+    def __init__(self, notes: Sequence[str]):
+        super().__init__()
+        self.notes = list(notes)
+
+
 class DumpWriter:
     def __init__(self, root: Path, part: str, header: dict, *, storage: str = "safetensors",
                  max_pending_bytes: int = DEFAULT_MAX_PENDING,
@@ -271,6 +279,26 @@ class DumpWriter:
         self._hand_over(done)
         done.wait()
 
+    def settle(self, notes: Sequence[str] = ()) -> None:
+        """Write out everything submitted so far, then say in the manifest that the part's records
+        are all on disk (with the capture's ``notes``): a process that leaves now through
+        ``os._exit`` (a forked worker) leaves a part read as ended there. Waits for the disk."""
+        if self.failed or self._closed:
+            return
+        done = _Settle(notes)
+        self._hand_over(_FLUSH)
+        self._hand_over(done)
+        done.wait()
+
+    def resume(self) -> None:
+        """Say in the manifest, before this thread records again, that the part is no longer
+        settled (see :meth:`settle`)."""
+        if not self.failed:
+            try:
+                self._journal.resume()
+            except OSError as exc:
+                self._fail(f"writing {self.root} failed: {_reason(exc)}")
+
     def close(self, error: str | None = None, notes: Sequence[str] = ()) -> None:
         """Write what is pending and end the manifest, with the capture's ``notes``; ``error`` (why
         the captured program failed) or a write failure ends it as failed, which marks the dump
@@ -303,7 +331,10 @@ class DumpWriter:
                 self._guarded(self._flush_shard)
             elif isinstance(item, threading.Event):
                 self._wait_for_shards()
-                item.set()  # drain(): everything before it is handled
+                if isinstance(item, _Settle) and not self.failed:
+                    # no shard writer appends meanwhile: this thread alone hands them work
+                    self._guarded(self._journal.settle, self.records_written, item.notes)
+                item.set()  # drain(), settle(): everything before it is handled
             elif isinstance(item, TokenBatch):
                 self._tokens.append(item)
             else:

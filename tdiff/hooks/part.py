@@ -1,0 +1,87 @@
+"""This process's part of a dump: its manifest and shards, written by one
+:class:`~tdiff.store.writer.DumpWriter`, and what a fork does to it.
+
+A part is opened at the process's first record, so a process that records nothing leaves none
+(a data loader's worker, a forkserver), unless its capture ends in failure: a part then says so.
+A forked child (a data loader's or a pool's worker) continues the capture into a part of its own;
+it never writes into its parent's part (the parent's writer, its files and threads are left as
+the fork found them: the child has no thread of it).
+
+A forked child usually leaves through ``os._exit`` (multiprocessing's fork workers do), which
+runs no exit handler, so its part is settled after each of its outermost model calls and each
+dump made outside one: every record it submitted is on disk and a "settled" line says so. A part
+whose last line is one reads as ended there, without an end line, and the dump says so in its
+notes; a part cut short in the middle of a call has records after it, or none, and is incomplete.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+
+from tdiff.store.writer import DumpWriter
+
+
+class ProcessPart:
+    def __init__(self, open_writer: Callable[[], DumpWriter]):
+        self._open_writer = open_writer
+        self._writer: DumpWriter | None = None
+        self._lock = threading.Lock()   # threads of a forked child may record first together
+        self.forked = False             # this process is a forked child of the capture's
+        self._closed = False
+        self._settled = False           # a forked child's part says all its records are on disk
+
+    @property
+    def writer(self) -> DumpWriter:
+        """The part's writer, opened on first use."""
+        writer = self._writer
+        if writer is None:
+            if self._closed:
+                raise RuntimeError("the capture has ended: its part is closed")
+            with self._lock:
+                if self._writer is None:
+                    self._writer = self._open_writer()
+                writer = self._writer
+        if self._settled:
+            self._settled = False
+            writer.resume()
+        return writer
+
+    @property
+    def opened(self) -> DumpWriter | None:
+        return self._writer
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def failed(self) -> bool:
+        """Writing failed: nothing more is recorded (False while no part is open: one may open)."""
+        return self._writer is not None and self._writer.failed
+
+    def flush(self) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+
+    def settle(self, notes: Sequence[str]) -> None:
+        """In a forked child: what it recorded since it last settled is on disk before its code
+        goes on, and its manifest says so."""
+        if self.forked and self._writer is not None and not self._settled:
+            self._writer.settle(notes)
+            self._settled = True
+
+    def close(self, error: str | None, notes: Sequence[str]) -> None:
+        """End the part; a capture that failed ends one, though it recorded nothing, to say so."""
+        if error is not None and self._writer is None and not self._closed:
+            self._writer = self._open_writer()
+        writer, self._writer = self._writer, None
+        self._closed = True
+        if writer is not None:
+            writer.close(error, notes=notes)
+
+    def after_fork_in_child(self) -> None:
+        self._writer = None
+        self._lock = threading.Lock()
+        self._settled = False
+        self.forked = True

@@ -119,6 +119,18 @@ class CompareReport:
         return self.result().to_json()
 
 
+def unaligned_notes(alignment: object, *, diverged: bool, allow_unaligned: bool) -> list[str]:
+    """What a token alignment left uncompared, as the verdict takes it (docs/ALIGNMENT.md): a
+    match that compared less than both runs fed is no match, raised as TdiffError (exit 2) unless
+    ``allow_unaligned``; a divergence stands (exit 1). Otherwise a note to list."""
+    uncompared = getattr(alignment, "uncompared", None)
+    if uncompared is None or not uncompared.count:
+        return []
+    if not diverged and not allow_unaligned:
+        raise TdiffError(uncompared.message())
+    return [uncompared.note()]
+
+
 def _dump_side(dump: Dump) -> DumpSide:
     return DumpSide(path=str(dump.path), side=dump.side, problems=dump.problems, notes=dump.notes)
 

@@ -166,6 +166,8 @@ def render_token_alignment(alignment: TokenAlignment, console: Console) -> None:
         if unmatched:
             shown = ", ".join(f"{u['seq']} ({u['tokens']} tokens)" for u in unmatched[:8])
             console.print(f"  [yellow]sequences only on {label}[/yellow] (no partner by token ids): {shown}")
+    if alignment.uncompared.count:
+        console.print(f"  [yellow]not compared[/yellow]: {escape(alignment.uncompared.note())}")
     if alignment.not_aligned:
         names = ", ".join(escape(name) for name, _ in alignment.not_aligned[:6])
         more = f" and {len(alignment.not_aligned) - 6} more" if len(alignment.not_aligned) > 6 else ""

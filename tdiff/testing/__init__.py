@@ -24,13 +24,16 @@ if TYPE_CHECKING:
 
 
 def assert_match(dump_a: Dump | str | Path, dump_b: Dump | str | Path, *, layers: str | None = None,
-                 select: str | None = None, atol: float = 0.0, rtol: float = 0.0) -> None:
+                 select: str | None = None, atol: float = 0.0, rtol: float = 0.0,
+                 allow_unaligned: bool = False) -> None:
     """Raise AssertionError (message: bisect's summary) unless dump B matches dump A.
 
     Dumps are paired as ``tdiff bisect A B`` pairs them (by name, by canonical boundary across
     frameworks and layouts). ``layers``: only tensors of these decoder layers ("0-5", "0,3");
     ``select``: only tensors whose name matches this regex. Bitwise unless ``atol`` or ``rtol`` is
-    given: then an element matches when ``|a-b| <= atol + rtol * max(|a|, |b|)``.
+    given: then an element matches when ``|a-b| <= atol + rtol * max(|a|, |b|)``. Runs aligned by
+    token whose rows of tokens both fed were not all compared raise TdiffError, unless
+    ``allow_unaligned`` (docs/ALIGNMENT.md).
     """
     from tdiff.align import choose_pairing
     from tdiff.bisect import bisect_dumps
@@ -51,7 +54,7 @@ def assert_match(dump_a: Dump | str | Path, dump_b: Dump | str | Path, *, layers
     wanted_layers = parse_ranges(layers, "layers")   # None: every layer ("", "all" too)
     if wanted_layers is not None:
         pairing = _LayerPairing(pairing, wanted_layers)
-    result = bisect_dumps(a, b, tolerance=tolerance, pairing=pairing)
+    result = bisect_dumps(a, b, tolerance=tolerance, pairing=pairing, allow_unaligned=allow_unaligned)
     if result.exit_code != 0:
         console = make_console()
         console.file = io.StringIO()

@@ -132,9 +132,9 @@ def test_replicated_ranks_hold_one_layout_and_another_batching_is_another(tmp_pa
 
 def test_when_no_tensor_has_rows_by_token_the_dumps_pair_by_name_unless_tokens_are_asked_for(tmp_path):
     """One sequence alone against the same sequence in a batch: both forwards carry token metadata,
-    but the script dumps only its first row's log-probs, without positions (nothing to locate)."""
+    but the script dumps only its first row's log-probs, without positions (nothing to locate).
+    Aligned by token all the same, the tensor with no row per token is compared as stored."""
     from tdiff.compare.pairing import NamePairing
-    from tdiff.errors import TdiffError
 
     sequences = [PROMPT + RESPONSES[r] for r in ("r1", "r3")]
     dumps = []
@@ -147,5 +147,5 @@ def test_when_no_tensor_has_rows_by_token_the_dumps_pair_by_name_unless_tokens_a
     report = compare_dumps(*dumps, pairing=pairing)
     assert isinstance(pairing.base, NamePairing) and pairing.alignment is None
     assert report.status == "match" and [c.name for c in report.comparisons] == ["logprobs"]
-    with pytest.raises(TdiffError, match="nothing to compare"):
-        compare_dumps(*dumps, pairing=choose_pairing(*dumps, align="tokens"))
+    forced = compare_dumps(*dumps, pairing=choose_pairing(*dumps, align="tokens"))
+    assert forced.status == "match" and [(c.name, c.tokens) for c in forced.comparisons] == [("logprobs", None)]

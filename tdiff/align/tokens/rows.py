@@ -4,7 +4,10 @@ A forward's token grid is ``[batch, seq]`` or ``[tokens]`` (tdiff.store.tokens).
 forward holds one row per grid cell when its leading dims are the grid (``grid``), the grid
 transposed (``seq-major``: Megatron's ``[seq, batch, ...]``) or the grid's cells flattened
 (``flat``: SGLang's ``[tokens, ...]``, and every canonical tensor, whose tokens come first in
-natural order). An explicit dump made with ``positions=`` says where its rows sit itself
+natural order), or the ``[tokens]`` grid under a batch of one (``packed``: THD's ``[1, tokens]``
+input ids). A table indexed by position alone (``positions``: RoPE's cos/sin ``[1, seq, dim]``
+shared by a ``[batch, seq]`` batch, ``[1, 1, dim]`` in a decode step) stands, row j, for every
+token of grid column j, when they all sit at one position. An explicit dump made with ``positions=`` says where its rows sit itself
 (``rows``). Padding cells are dropped; a tensor matching none of these is not token-shaped.
 """
 
@@ -26,11 +29,12 @@ class Located:
     """One tensor's rows that are tokens: ``rows[i]`` of the row-major tensor stands for the
     token ``(sequences[i], positions[i])``."""
 
-    mode: str                      # "grid", "seq-major", "flat" or "rows"
+    mode: str                      # "grid", "seq-major", "flat", "packed", "positions" or "rows"
     lead: tuple[int, ...]          # the leading dims that hold the rows (as stored)
     rows: list[int]
     sequences: list[int]
     positions: list[int]
+    strays: int = 0                # rows of an explicit dump naming a sequence its forward does not hold
 
     @property
     def count(self) -> int:
@@ -65,10 +69,10 @@ def locate(record: Record, batch: TokenBatch | None, index: SequenceIndex,
             found = index.of(record.step, record.rank, seq)
             if found is not None:
                 rows.append((row, found, position))
-        return _located("rows", explicit.shape, rows)
+        return _located("rows", explicit.shape, rows, strays=len(explicit.seqs) - len(rows))
     if batch is None:
         return f"step {record.step} has no token metadata on rank {record.rank}"
-    mode = _mode(record, batch.shape)
+    mode = _mode(record, batch)
     if mode is None:
         return (f"shape {list(record.shape)} has no row per token of step {record.step}'s token grid "
                 f"{list(batch.shape)}")
@@ -79,17 +83,20 @@ def locate(record: Record, batch: TokenBatch | None, index: SequenceIndex,
 
 
 def _grid_rows(step: int, rank: int, mode: str, batch: TokenBatch, index: SequenceIndex) -> Located:
-    lead = {"grid": batch.shape, "seq-major": tuple(reversed(batch.shape)), "flat": (batch.cells,)}[mode]
+    lead = {"grid": batch.shape, "seq-major": tuple(reversed(batch.shape)), "flat": (batch.cells,),
+            "packed": (1, batch.cells), "positions": (1, batch.shape[-1])}[mode]
     located = []
     for cell, (seq, position) in enumerate(zip(batch.seqs, batch.positions)):
         found = index.of(step, rank, seq) if seq != PADDING else None
         if found is not None:
-            located.append((cell, found, position))   # as_rows puts a seq-major tensor's rows in grid order
+            # as_rows puts a seq-major tensor's rows in grid order; a position table's row is the column
+            row = cell % batch.shape[-1] if mode == "positions" else cell
+            located.append((row, found, position))
     return _located(mode, lead, located)
 
 
-def _mode(record: Record, grid: tuple[int, ...]) -> str | None:
-    shape = record.shape
+def _mode(record: Record, batch: TokenBatch) -> str | None:
+    shape, grid = record.shape, batch.shape
     seq_major = len(grid) == 2 and tuple(shape[:2]) == (grid[1], grid[0])
     if seq_major and record.attrs.get("framework") == "megatron":
         return "seq-major"   # Megatron's activations are [seq, batch, ...] (even where seq == batch)
@@ -99,10 +106,24 @@ def _mode(record: Record, grid: tuple[int, ...]) -> str | None:
         return "seq-major"
     if shape and shape[0] == math.prod(grid) and len(grid) == 2:
         return "flat"
+    if len(grid) == 1 and tuple(shape[:2]) == (1, grid[0]):
+        return "packed"
+    if len(grid) == 2 and tuple(shape[:2]) == (1, grid[1]) and _one_position_per_column(batch):
+        return "positions"
     return None
 
 
-def _located(mode: str, lead: tuple[int, ...], located: list[tuple[int, int, int]]) -> Located:
+def _one_position_per_column(batch: TokenBatch) -> bool:
+    """Whether the tokens of each grid column sit at one position (no left padding shifts them)."""
+    width = batch.shape[-1]
+    column: dict[int, int] = {}
+    for cell, (seq, position) in enumerate(zip(batch.seqs, batch.positions)):
+        if seq != PADDING and column.setdefault(cell % width, position) != position:
+            return False
+    return True
+
+
+def _located(mode: str, lead: tuple[int, ...], located: list[tuple[int, int, int]], strays: int = 0) -> Located:
     located.sort()
     return Located(mode, tuple(lead), [r for r, _, _ in located], [s for _, s, _ in located],
-                   [p for _, _, p in located])
+                   [p for _, _, p in located], strays)

@@ -70,6 +70,13 @@ def bisect_dumps(dump_a: Dump | str | Path, dump_b: Dump | str | Path, *,
         _, _, stream, index, comparison = min(found, key=lambda f: f[:2])
         result.first_divergence, result.trail = _locate(stream, index, comparison, comparator)
         result.notes += descend(a, b, result.first_divergence, comparator)  # the op, from op records
+    partings = list(getattr(getattr(pairing, "alignment", None), "partings", []))
+    if partings:
+        # the runs sampled different tokens: the op that made the difference, if a tensor shows it, is
+        # the first divergence above (the logits of the position before)
+        result.status = "diverged"
+        result.notes.insert(0, partings[0].describe() + (f" (and {len(partings) - 1} more sequence pair(s))"
+                                                         if len(partings) > 1 else ""))
     result.notes += unaligned_notes(getattr(pairing, "alignment", None), diverged=result.status != "match",
                                     allow_unaligned=allow_unaligned)
     return result

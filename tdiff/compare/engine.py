@@ -95,7 +95,13 @@ class CompareReport:
 
     @property
     def status(self) -> str:
-        return "diverged" if any(c.diverged for c in self.comparisons) else "match"
+        return "diverged" if any(c.diverged for c in self.comparisons) or self.partings else "match"
+
+    @property
+    def partings(self) -> list:
+        """Where sequences aligned by token were fed different tokens (the runs sampled
+        differently): divergences by themselves, the lowest position first."""
+        return list(getattr(self.alignment, "partings", []))
 
     @property
     def first_divergence(self) -> Comparison | None:

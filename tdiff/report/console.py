@@ -166,6 +166,10 @@ def render_token_alignment(alignment: TokenAlignment, console: Console) -> None:
         if unmatched:
             shown = ", ".join(f"{u['seq']} ({u['tokens']} tokens)" for u in unmatched[:8])
             console.print(f"  [yellow]sequences only on {label}[/yellow] (no partner by token ids): {shown}")
+    for parting in alignment.partings[:4]:
+        console.print(f"  [red]diverged[/red]: {parting.describe()} (the positions before it compared)")
+    if len(alignment.partings) > 4:
+        console.print(f"  ... and {len(alignment.partings) - 4} more sequence pairs that part; --json lists them")
     if alignment.uncompared.count:
         console.print(f"  [yellow]not compared[/yellow]: {escape(alignment.uncompared.note())}")
     if alignment.not_aligned:
@@ -186,6 +190,8 @@ def summary_line(report: CompareReport) -> str:
     if first is None and report.same_dump:
         return (f"match: A and B are the same dump ({report.a.path}), so its {counts['compared']} tensors "
                 "equal themselves; give two different runs to compare")
+    if first is None and report.partings:
+        return f"diverged: {report.partings[0].describe()}{_token_totals(report)}"
     if first is None:
         # a filter may have left out where the runs part: say so next to the match
         left_out = f"; {report.left_out} tensor(s) left out by --layer/--select/--exclude" if report.left_out else ""

@@ -128,10 +128,12 @@ def test_forward_rows_of_a_sequence_the_step_does_not_hold_are_uncompared(tmp_pa
 
 
 def test_a_fragment_of_decode_steps_without_a_partner_is_uncompared(tmp_path):
-    """Decode steps recorded out of order cut a sequence into pieces that do not continue each
-    other; a piece that finds no partner holds tokens both runs fed."""
+    """Without request ids, decode steps recorded out of order cut a sequence into pieces that do
+    not continue each other; a piece that finds no partner holds tokens both runs fed."""
     run = engine(SEQUENCES, PROMPTS)
     run.forwards[1], run.forwards[2] = run.forwards[2], run.forwards[1]
+    for forward in run.forwards:
+        forward.ids = False
     a, b = _pair(tmp_path, trainer(SEQUENCES), run)
     result = tdiff_cli("compare", a, b, expect=2)
     assert "fragment" in result.output

@@ -37,7 +37,8 @@ class Forward:
 class Run:
     sequences: dict[str, list[int]]
     forwards: list[Forward]
-    planted: dict[tuple[str, int], float] = field(default_factory=dict)   # (sequence, position) -> added
+    # added to a token's row: (sequence, position) -> in every forward; (forward, sequence, position) -> in one
+    planted: dict[tuple, float] = field(default_factory=dict)
     no_tokens: set[int] = field(default_factory=set)                      # forwards described by nobody
 
 
@@ -45,7 +46,7 @@ def capture_run(path, run: Run) -> None:
     with tdiff.capture(path):
         for k, forward in enumerate(run.forwards):
             tdiff.step()
-            ids, positions, values = _grid(run, forward)
+            ids, positions, values = _grid(run, forward, k)
             if k not in run.no_tokens:
                 lens = [len(ps) for _, ps in forward.feeds]
                 tdiff.tokens(input_ids=ids, positions=positions, seq_lens=lens,
@@ -53,12 +54,15 @@ def capture_run(path, run: Run) -> None:
             tdiff.dump("hidden", values)
 
 
-def _grid(run: Run, forward: Forward):
+def _grid(run: Run, forward: Forward, k: int):
     def cells(key: str, positions: list[int]):
         tokens = run.sequences[key]
+
+        def planted(p):
+            return run.planted.get((key, p), 0.0) + run.planted.get((k, key, p), 0.0)
+
         return ([tokens[p] for p in positions], positions,
-                [[v + (run.planted.get((key, p), 0.0) if i == 0 else 0.0) for i, v in enumerate(row(tokens, p))]
-                 for p in positions])
+                [[v + (planted(p) if i == 0 else 0.0) for i, v in enumerate(row(tokens, p))] for p in positions])
 
     parts = [cells(key, positions) for key, positions in forward.feeds]
     if forward.padded:

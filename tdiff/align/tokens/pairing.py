@@ -26,7 +26,7 @@ import torch
 
 from tdiff.align.pairing import Alignment, CanonicalPairing
 from tdiff.align.tokens.rows import Located, locate
-from tdiff.align.tokens.sequences import SequenceIndex, index_sequences, match_sequences
+from tdiff.align.tokens.sequences import Sequence, SequenceIndex, index_sequences, match_sequences
 from tdiff.compare.pairing import Pair, Pairing, Side
 from tdiff.compare.tokens import TokenRef, TokenRows
 from tdiff.errors import TdiffError
@@ -43,10 +43,32 @@ class SequencePair:
     shared: int                 # positions both runs fed
     only_a: list[int]           # positions only A fed
     only_b: list[int]
+    parted: Parting | None = None   # where the runs sampled different tokens
 
     def to_json(self) -> dict:
         return {"a": self.a, "b": self.b, "rank_a": self.rank_a, "rank_b": self.rank_b, "shared": self.shared,
-                "only_a": self.only_a, "only_b": self.only_b}
+                "only_a": self.only_a, "only_b": self.only_b,
+                "parted": self.parted.to_json() if self.parted is not None else None}
+
+
+@dataclass(frozen=True)
+class Parting:
+    """The first position both runs fed a sequence pair with different tokens: a divergence (the
+    runs sampled differently); the positions before it are compared as usual, those after not."""
+
+    seq_a: int
+    seq_b: int
+    position: int
+    token_a: int
+    token_b: int
+
+    def to_json(self) -> dict:
+        return {"seq_a": self.seq_a, "seq_b": self.seq_b, "position": self.position, "token_a": self.token_a,
+                "token_b": self.token_b}
+
+    def describe(self) -> str:
+        return (f"sampled token differs at seq {self.seq_a}/{self.seq_b} position {self.position}: "
+                f"{self.token_a} vs {self.token_b}")
 
 
 @dataclass(frozen=True)
@@ -112,12 +134,19 @@ class TokenAlignment:
     def warnings(self) -> list[str]:
         return self.boundaries.warnings if self.boundaries is not None else []
 
+    @property
+    def partings(self) -> list[Parting]:
+        """The sequence pairs that part, the lowest position first: divergences by themselves."""
+        found = [s.parted for s in self.sequences if s.parted is not None]
+        return sorted(found, key=lambda p: (p.position, p.seq_a))
+
     def to_json(self) -> dict:
         out = {"by": "tokens", "sequences": [s.to_json() for s in self.sequences],
                "unmatched": {"a": self.unmatched_a, "b": self.unmatched_b},
                "not_aligned": [{"name": n, "reason": r} for n, r in self.not_aligned],
                "partly_aligned": [{"name": n, "reason": r} for n, r in self.partly],
-               "uncompared": self.uncompared.to_json()}
+               "uncompared": self.uncompared.to_json(),
+               "parted": [p.to_json() for p in self.partings]}
         if self.boundaries is not None:
             out["boundaries"] = self.boundaries.to_json()
         return out
@@ -221,13 +250,21 @@ class _Matcher:
         self.indexes = indexes
         self.matches: dict[tuple[int, int], dict[int, int]] = {}
         self._reversed: dict[tuple[int, int], dict[int, int]] = {}
+        self.parted: dict[int, Parting | None] = {}   # A's sequence -> where it parts from its partner
 
     def partners(self, rank_a: int, rank_b: int) -> dict[int, int]:
         key = (rank_a, rank_b)
         if key not in self.matches:
             self.matches[key] = match_sequences(self.indexes[0].on_rank(rank_a), self.indexes[1].on_rank(rank_b))
             self._reversed[key] = {b: a for a, b in self.matches[key].items()}
+            for index_a, index_b in self.matches[key].items():
+                self.parted[index_a] = _parting(self.indexes[0].sequences[index_a], self.indexes[1].sequences[index_b])
         return self.matches[key]
+
+    def compared_at(self, sequence_a: int, position: int) -> bool:
+        """Whether a position of A's sequence comes before where it parts from its partner."""
+        parted = self.parted.get(sequence_a)
+        return parted is None or position < parted.position
 
     def both_fed(self, which: int, ranks: tuple[int, int], sequence: int, position: int) -> tuple[int, int, bool] | None:
         """(A's sequence, B's sequence, whether side ``which``'s is an unmatched fragment) of a token
@@ -249,7 +286,10 @@ class _Matcher:
         theirs = self.indexes[1 - which].sequences[other]
         if position not in mine.tokens or position not in theirs.tokens:
             return None
-        return (sequence, other, fragment) if which == 0 else (other, sequence, fragment)
+        pair = (sequence, other) if which == 0 else (other, sequence)
+        if not fragment and not self.compared_at(pair[0], position):
+            return None   # after the runs parted: other tokens, not both fed
+        return (*pair, fragment)
 
     def describe(self, alignment: TokenAlignment) -> None:
         sequences_a, sequences_b = self.indexes[0].sequences, self.indexes[1].sequences
@@ -259,7 +299,7 @@ class _Matcher:
                 ta, tb = sequences_a[index_a].tokens, sequences_b[index_b].tokens
                 alignment.sequences.append(SequencePair(
                     index_a, index_b, rank_a, rank_b, len(ta.keys() & tb.keys()),
-                    sorted(ta.keys() - tb.keys()), sorted(tb.keys() - ta.keys())))
+                    sorted(ta.keys() - tb.keys()), sorted(tb.keys() - ta.keys()), self.parted.get(index_a)))
                 paired_a.add(index_a)
                 paired_b.add(index_b)
         ranks_a = {rank_a for rank_a, _ in self.matches}
@@ -350,6 +390,13 @@ def _aligned(group: _Group, context: _Context) -> list[Pair]:
         alignment.uncompared.add(UncomparedToken(group.name, *token), count=count)
     sides = [_gathered(group.name, context.dumps[which], located[which], picks[which]) for which in (0, 1)]
     return [Pair(group.name, sides[0], sides[1], kind=group.kind, tokens=tokens)]
+
+
+def _parting(a: Sequence, b: Sequence) -> Parting | None:
+    for position in sorted(a.tokens.keys() & b.tokens.keys()):
+        if a.tokens[position] != b.tokens[position]:
+            return Parting(a.index, b.index, position, a.tokens[position], b.tokens[position])
+    return None
 
 
 def _misfits(located: list[list[tuple[_Unit, Located]]]) -> list[list[tuple[_Unit, str]]] | str:
@@ -450,7 +497,7 @@ def _paired_rows(located: list[list[tuple[_Unit, Located]]], matcher: _Matcher,
     for (sequence_a, position), hits_a in sorted(claims[0].items()):
         sequence_b = partners.get(sequence_a)
         hits_b = claims[1].get((sequence_b, position)) if sequence_b is not None else None
-        if sequence_b is None or not hits_b:
+        if sequence_b is None or not hits_b or not matcher.compared_at(sequence_a, position):
             continue
         paired_b.add((sequence_b, position))
         for k in range(max(len(hits_a), len(hits_b))):

@@ -5,7 +5,10 @@ feeds the finished sequence in one forward. Either way each forward's token meta
 (tdiff.store.tokens.TokenBatch) says, per sequence of that forward, which tokens at which
 positions it fed. A forward's sequence continues one of an earlier forward on the same rank
 when it has the same request id (or, without ids, the same index in the batch) and starts right
-where that one ended; a sequence starting at position 0 is always a new one.
+where that one ended; with a request id also when it fills a gap of it (decode steps recorded out
+of order) or feeds again positions it holds with the same tokens (a recompute: each claim is
+compared on its own). Otherwise, and always at position 0 without an id, it is a new one; n
+samples of one request id fed in one forward are n sequences.
 
 Sequences of two runs are matched by request id where both runs give it, else by their token
 ids, globally and the same from either side (:func:`match_sequences`): the pairs share the
@@ -62,9 +65,10 @@ class SequenceIndex:
 
 
 def index_sequences(batches: dict[tuple[int, int], TokenBatch]) -> SequenceIndex:
+    """Each run's sequences, followed across its forwards on each rank (module docstring)."""
     sequences: list[Sequence] = []
     of_forward: dict[tuple[int, int], list[int | None]] = {}
-    open_by_rank: dict[int, dict] = defaultdict(dict)
+    open_by_rank: dict[int, dict[tuple, list[Sequence]]] = defaultdict(lambda: defaultdict(list))
     for (step, rank), batch in sorted(batches.items(), key=lambda item: (item[0][1], item[0][0])):
         cells: dict[int, list[int]] = defaultdict(list)
         for cell, seq in enumerate(batch.seqs):
@@ -72,25 +76,48 @@ def index_sequences(batches: dict[tuple[int, int], TokenBatch]) -> SequenceIndex
                 cells[seq].append(cell)
         members: list[int | None] = []
         open_sequences = open_by_rank[rank]
+        used: set[int] = set()   # sequences this forward already feeds: n samples of one id stay apart
         for seq in range(batch.sequences):
             if not cells.get(seq):
                 members.append(None)   # a row of padding only
                 continue
             seq_id = batch.seq_ids[seq] if batch.seq_ids is not None else None
             key = ("id", seq_id) if seq_id is not None else ("row", seq)
-            positions = [batch.positions[c] for c in cells[seq]]
-            current = open_sequences.get(key)
-            first = min(positions)
-            if first == 0 or current is None or current.next_position != first:
+            fed = {batch.positions[c]: batch.input_ids[c] for c in cells[seq]}
+            current = _continued(open_sequences[key], fed, used, by_id=seq_id is not None)
+            if current is None:
                 current = Sequence(index=len(sequences), rank=rank, seq_id=seq_id)
                 sequences.append(current)
-                open_sequences[key] = current
-            for cell, position in zip(cells[seq], positions):
-                current.tokens.setdefault(position, batch.input_ids[cell])
-            current.next_position = max(current.next_position, max(positions) + 1)
+                open_sequences[key].append(current)
+            used.add(current.index)
+            for position, token in fed.items():
+                current.tokens.setdefault(position, token)
+            current.next_position = max(current.next_position, max(fed) + 1)
             members.append(current.index)
         of_forward[(step, rank)] = members
     return SequenceIndex(sequences, of_forward)
+
+
+def _continued(candidates: list[Sequence], fed: dict[int, int], used: set[int], *, by_id: bool) -> Sequence | None:
+    """The earlier sequence of the same key (request id, else batch row) that these tokens continue:
+    one that ends where they start; with a request id also one they fill a gap of (decode steps
+    recorded out of order) or recompute (positions it holds, fed again with the same tokens).
+    None: a new sequence."""
+    free = [c for c in candidates if c.index not in used]
+    first = min(fed)
+    for candidate in free:
+        if candidate.next_position == first and first > 0:
+            return candidate
+    if not by_id:
+        return None
+    for candidate in free:
+        if first > 0 and not fed.keys() & candidate.tokens.keys():
+            return candidate
+    for candidate in free:
+        held = fed.keys() & candidate.tokens.keys()
+        if held and all(candidate.tokens[p] == fed[p] for p in held):
+            return candidate
+    return None
 
 
 def match_sequences(a: list[Sequence], b: list[Sequence]) -> dict[int, int]:

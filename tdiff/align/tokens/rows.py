@@ -7,7 +7,10 @@ transposed (``seq-major``: Megatron's ``[seq, batch, ...]``) or the grid's cells
 natural order), or the ``[tokens]`` grid under a batch of one (``packed``: THD's ``[1, tokens]``
 input ids). A table indexed by position alone (``positions``: RoPE's cos/sin ``[1, seq, dim]``
 shared by a ``[batch, seq]`` batch, ``[1, 1, dim]`` in a decode step) stands, row j, for every
-token of grid column j, when they all sit at one position. An explicit dump made with ``positions=`` says where its rows sit itself
+token of grid column j, when they all sit at one position. An engine's rows per sequence
+(``last``: ``[num_seqs, vocab]`` or ``[num_seqs, 1, vocab]`` logits of each sequence's last token,
+SGLang's logits processor in a prefill, Hugging Face's ``generate``) stand, row s, for sequence
+s's last position fed in this forward. An explicit dump made with ``positions=`` says where its rows sit itself
 (``rows``). Padding cells are dropped; a tensor matching none of these is not token-shaped.
 """
 
@@ -29,7 +32,7 @@ class Located:
     """One tensor's rows that are tokens: ``rows[i]`` of the row-major tensor stands for the
     token ``(sequences[i], positions[i])``."""
 
-    mode: str                      # "grid", "seq-major", "flat", "packed", "positions" or "rows"
+    mode: str                      # "grid", "seq-major", "flat", "packed", "positions", "last" or "rows"
     lead: tuple[int, ...]          # the leading dims that hold the rows (as stored)
     rows: list[int]
     sequences: list[int]
@@ -83,6 +86,8 @@ def locate(record: Record, batch: TokenBatch | None, index: SequenceIndex,
 
 
 def _grid_rows(step: int, rank: int, mode: str, batch: TokenBatch, index: SequenceIndex) -> Located:
+    if mode.startswith("last"):
+        return _last_rows(step, rank, mode, batch, index)
     lead = {"grid": batch.shape, "seq-major": tuple(reversed(batch.shape)), "flat": (batch.cells,),
             "packed": (1, batch.cells), "positions": (1, batch.shape[-1])}[mode]
     located = []
@@ -92,6 +97,20 @@ def _grid_rows(step: int, rank: int, mode: str, batch: TokenBatch, index: Sequen
             # as_rows puts a seq-major tensor's rows in grid order; a position table's row is the column
             row = cell % batch.shape[-1] if mode == "positions" else cell
             located.append((row, found, position))
+    return _located(mode, lead, located)
+
+
+def _last_rows(step: int, rank: int, mode: str, batch: TokenBatch, index: SequenceIndex) -> Located:
+    last: dict[int, int] = {}
+    for seq, position in zip(batch.seqs, batch.positions):
+        if seq != PADDING:
+            last[seq] = max(last.get(seq, position), position)
+    located = []
+    for seq, position in last.items():
+        found = index.of(step, rank, seq)
+        if found is not None:
+            located.append((seq, found, position))
+    lead = (batch.sequences, 1) if mode == "last-kept" else (batch.sequences,)
     return _located(mode, lead, located)
 
 
@@ -110,6 +129,10 @@ def _mode(record: Record, batch: TokenBatch) -> str | None:
         return "packed"
     if len(grid) == 2 and tuple(shape[:2]) == (1, grid[1]) and _one_position_per_column(batch):
         return "positions"
+    if len(shape) == 2 and shape[0] == batch.sequences:
+        return "last"
+    if len(shape) == 3 and (shape[0], shape[1]) == (batch.sequences, 1):
+        return "last-kept"   # Hugging Face's logits_to_keep=1: [batch, 1, vocab]
     return None
 
 

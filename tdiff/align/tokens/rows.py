@@ -68,7 +68,7 @@ def locate(record: Record, batch: TokenBatch | None, index: SequenceIndex,
         if batch is None:
             return f"step {record.step} has no token metadata on rank {record.rank}"
         rows = []
-        for row, (seq, position) in enumerate(zip(explicit.seqs, explicit.positions)):
+        for row, (seq, position) in enumerate(zip(_row_sequences(explicit, batch), explicit.positions)):
             found = index.of(record.step, record.rank, seq)
             if found is not None:
                 rows.append((row, found, position))
@@ -83,6 +83,38 @@ def locate(record: Record, batch: TokenBatch | None, index: SequenceIndex,
     if key not in cache:
         cache[key] = _grid_rows(record.step, record.rank, mode, batch, index)
     return cache[key]
+
+
+def _row_sequences(explicit: RowTokens, batch: TokenBatch) -> list[int]:
+    """Each explicit row's sequence in its forward. A 1-D ``positions=`` without ``seq_ids`` names
+    by default the element's index as its sequence: right for a decode step (a row per sequence),
+    not for a prefill's rows (a row per token, sequence after sequence). Where the element indices
+    do not fit the forward (a sequence it lacks, a position past one's tokens), the rows are read
+    as runs of rising positions, one per sequence of the forward in order, when they fit that."""
+    positions, seqs = explicit.positions, explicit.seqs
+    if len(explicit.shape) != 1 or seqs != list(range(len(seqs))):
+        return seqs
+    spans: dict[int, tuple[int, int]] = {}
+    for seq, position in zip(batch.seqs, batch.positions):
+        if seq != PADDING:
+            low, high = spans.get(seq, (position, position))
+            spans[seq] = (min(low, position), max(high, position))
+
+    def fits(seq: int, position: int) -> bool:
+        return seq in spans and spans[seq][0] <= position <= spans[seq][1] + 1   # a log-prob scores the next
+
+    if all(fits(seq, position) for seq, position in zip(seqs, positions)):
+        return seqs
+    runs, current = [], -1
+    for k, position in enumerate(positions):
+        if k == 0 or position <= positions[k - 1]:
+            current += 1
+        runs.append(current)
+    order = sorted(spans)
+    if current + 1 != len(order):
+        return seqs
+    resolved = [order[run] for run in runs]
+    return resolved if all(fits(seq, position) for seq, position in zip(resolved, positions)) else seqs
 
 
 def _grid_rows(step: int, rank: int, mode: str, batch: TokenBatch, index: SequenceIndex) -> Located:

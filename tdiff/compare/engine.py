@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from tdiff.compare.metrics import EXACT, ReportedMetrics, TensorMetrics, Tolerance, compare_tensors, json_number
-from tdiff.compare.pairing import NameFilter, NamePairing, Pair, Pairing, Side
+from tdiff.compare.pairing import NameFilter, NamePairing, Pair, Pairing, Side, keep_uncompared
 from tdiff.compare.result import CompareResult, DumpSide, TensorVerdict, status_counts
 from tdiff.compare.tokens import TokenVerdict, token_verdict
 from tdiff.errors import TdiffError
@@ -149,6 +149,8 @@ def compare_dumps(a: Dump, b: Dump, options: CompareOptions | None = None, *,
     names = NameFilter.of(options.select, options.exclude)
     paired = pairing.pair(a, b)
     pairs = [p for p in paired if _wanted(p, options, names)]
+    keep_uncompared(getattr(pairing, "alignment", None),
+                    lambda name: names.wants(name) and (options.layer is None or layer_of(name) == options.layer))
     if not pairs:
         raise TdiffError(_nothing_to_compare(options, names))
     comparator = PairComparator(a, b, options.tolerance)

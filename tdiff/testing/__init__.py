@@ -79,9 +79,12 @@ class _LayerPairing:
 
     def pair(self, a: Dump, b: Dump):
         from tdiff.compare.engine import pair_layer
+        from tdiff.compare.pairing import keep_uncompared
+        from tdiff.vocab.paths import layer_of
 
         pairs = self.pairing.pair(a, b)
         wanted = [p for p in pairs if pair_layer(p.name, p.kind, p.record) in self.layers]
+        keep_uncompared(self.alignment, lambda name: layer_of(name) in self.layers)
         if not wanted:
             raise TdiffError(f"nothing to compare: neither dump has tensors of layers "
                              f"{', '.join(map(str, sorted(self.layers)))}")

@@ -110,6 +110,8 @@ def test_a_tensor_whose_rows_one_side_cannot_place_is_not_a_silent_match(tmp_pat
     result = tdiff_cli("compare", tmp_path / "a", tmp_path / "b", "--align", "tokens", expect=2)
     found = UNCOMPARED.search(result.output)
     assert found and (int(found[1]), found[2]) == (len(tokens), "odd")
+    # a filter judges the tensors it keeps
+    tdiff_cli("compare", tmp_path / "a", tmp_path / "b", "--align", "tokens", "--select", "hidden", expect=0)
 
 
 def test_forward_rows_of_a_sequence_the_step_does_not_hold_are_uncompared(tmp_path):

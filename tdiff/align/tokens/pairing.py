@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NoReturn
 
@@ -95,15 +96,26 @@ class UncomparedToken:
 @dataclass
 class Uncompared:
     """How many tensor-tokens fed by both runs were not compared, and the first of them: part of
-    the verdict (a match that compared less than both runs fed is no match)."""
+    the verdict (a match that compared less than both runs fed is no match). Kept per tensor, so
+    that a filter (--select, --layer) judges the tensors it keeps."""
 
-    count: int = 0
-    first: UncomparedToken | None = None
+    by_tensor: dict[str, tuple[int, UncomparedToken]] = field(default_factory=dict)
+
+    @property
+    def count(self) -> int:
+        return sum(count for count, _ in self.by_tensor.values())
+
+    @property
+    def first(self) -> UncomparedToken | None:
+        return next((first for _, first in self.by_tensor.values()), None)
 
     def add(self, token: UncomparedToken, count: int = 1) -> None:
-        self.count += count
-        if self.first is None:
-            self.first = token
+        known, first = self.by_tensor.get(token.tensor, (0, token))
+        self.by_tensor[token.tensor] = (known + count, first)
+
+    def keep(self, wanted: Callable[[str], bool]) -> None:
+        """Only the tensors a filter keeps."""
+        self.by_tensor = {name: entry for name, entry in self.by_tensor.items() if wanted(name)}
 
     def to_json(self) -> dict:
         return {"count": self.count, "first": self.first.to_json() if self.first is not None else None}

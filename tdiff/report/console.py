@@ -250,7 +250,8 @@ def render_bisect(result: BisectResult, console: Console) -> None:
             f"not bitwise repeatable: {escape(', '.join(repeats.differing)) or 'none'}")
     d = result.first_divergence
     if d is None and result.status == "diverged":
-        say(f"[bold red]diverged[/bold red]: tensors are missing on one side (see the note); the "
+        say(f"[bold red]diverged[/bold red]: tensors are missing on one side, or the runs sampled different "
+            f"tokens (see the notes); the "
             f"{result.checked:,} events compared on both sides are equal ({result.tolerance}), so no op is named")
     elif d is None:
         say(f"[green]match[/green]: all {result.checked:,} events compared are equal "

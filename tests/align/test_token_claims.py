@@ -75,3 +75,29 @@ def test_a_position_claimed_twice_in_one_forward_compares_each_claim(tmp_path):
                                 expect=1).output)
     verdict = data["tensors"][0]["tokens"]
     assert verdict["compared"] == 4 and verdict["equal"] == 3 and verdict["first_differing"]["position"] == 2
+
+
+def test_generates_last_token_logits_of_a_padded_prefill_align_with_each_sequences_last_prompt_token(tmp_path):
+    """Hugging Face's generate keeps one row per sequence ([batch, 1, vocab], logits_to_keep=1)
+    in its prefill over a right-padded [batch, seq] batch (issue 27 §6)."""
+    prompts = [s[:PROMPT + k] for k, s in enumerate(SEQUENCES)]
+    width = max(map(len, prompts))
+    for side in ("engine", "faulty"):
+        with tdiff.capture(tmp_path / side):
+            tdiff.tokens(input_ids=torch.tensor([p + [0] * (width - len(p)) for p in prompts]),
+                         seq_lens=[len(p) for p in prompts], seq_ids=["r0", "r1"])
+            last = [row(s, len(p) - 1) for s, p in zip(SEQUENCES, prompts)]
+            if side == "faulty":
+                last[1][2] += 1.0
+            tdiff.dump("logits", torch.tensor(last).unsqueeze(1))
+    with tdiff.capture(tmp_path / "trainer"):
+        tdiff.tokens(input_ids=[t for s in SEQUENCES for t in s], seq_lens=[len(s) for s in SEQUENCES],
+                     seq_ids=["r0", "r1"])
+        tdiff.dump("logits", torch.tensor([row(s, p) for s in SEQUENCES for p in range(len(s))]))
+    data = json.loads(tdiff_cli("compare", tmp_path / "trainer", tmp_path / "engine", "--align", "tokens", "--json",
+                                expect=0).output)
+    assert data["tensors"][0]["tokens"]["compared"] == len(SEQUENCES)
+    data = json.loads(tdiff_cli("compare", tmp_path / "trainer", tmp_path / "faulty", "--align", "tokens", "--json",
+                                expect=1).output)
+    first = data["first_divergence"]["tokens"]["first_differing"]
+    assert (first["seq_a"], first["position"]) == (1, len(prompts[1]) - 1)

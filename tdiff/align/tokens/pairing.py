@@ -263,6 +263,7 @@ class _Matcher:
         self.matches: dict[tuple[int, int], dict[int, int]] = {}
         self._reversed: dict[tuple[int, int], dict[int, int]] = {}
         self.parted: dict[int, Parting | None] = {}   # A's sequence -> where it parts from its partner
+        self._fragments: dict[tuple[int, int], int | None] = {}
 
     def partners(self, rank_a: int, rank_b: int) -> dict[int, int]:
         key = (rank_a, rank_b)
@@ -290,11 +291,9 @@ class _Matcher:
         if other is None:
             if 0 in mine.tokens:
                 return None   # a whole sequence without a partner: listed as unmatched
-            agreeing = [(mine.agrees_with(s), -s.index, s.index) for s in self.indexes[1 - which].on_rank(ranks[1 - which])]
-            best = max(agreeing, default=None)
-            if best is None or best[0] <= 0:
+            other = self._fragment_partner(which, ranks, mine)
+            if other is None:
                 return None
-            other = best[2]
         theirs = self.indexes[1 - which].sequences[other]
         if position not in mine.tokens or position not in theirs.tokens:
             return None
@@ -302,6 +301,16 @@ class _Matcher:
         if not fragment and not self.compared_at(pair[0], position):
             return None   # after the runs parted: other tokens, not both fed
         return (*pair, fragment)
+
+    def _fragment_partner(self, which: int, ranks: tuple[int, int], fragment: Sequence) -> int | None:
+        """The other run's sequence agreeing with a fragment on most positions (None: none agrees)."""
+        key = (which, fragment.index)
+        if key not in self._fragments:
+            agreeing = [(fragment.agrees_with(s), -s.index, s.index)
+                        for s in self.indexes[1 - which].on_rank(ranks[1 - which])]
+            best = max(agreeing, default=None)
+            self._fragments[key] = best[2] if best is not None and best[0] > 0 else None
+        return self._fragments[key]
 
     def describe(self, alignment: TokenAlignment) -> None:
         sequences_a, sequences_b = self.indexes[0].sequences, self.indexes[1].sequences

@@ -388,7 +388,7 @@ def _aligned(group: _Group, context: _Context) -> list[Pair]:
         _left_out(misfits, located, context.matcher, ranks)
     for which in (0, 1):
         whole = not shapeless[1 - which] and not misfits[1 - which]   # the other side: a row per token at every step
-        left = [(unit, why) for unit, why in shapeless[which]] + misfits[which]
+        left = shapeless[which] + misfits[which]
         if left:
             why = f"side {'AB'[which]}: {len(left)} step(s) not compared, first: {left[0][1]}"
             alignment.partly.append((group.name, why))

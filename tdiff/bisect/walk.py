@@ -25,7 +25,7 @@ from tdiff.bisect.events import (Stream, enclosing_outputs, last_child_event, pa
                                  previous_at_level, split_streams)
 from tdiff.bisect.result import BisectResult, Divergence, TrailEntry, inputs_verdict
 from tdiff.bisect.verdict import EventComparator
-from tdiff.compare.engine import Comparison
+from tdiff.compare.engine import Comparison, unaligned_notes
 from tdiff.compare.metrics import EXACT, Tolerance
 from tdiff.compare.pairing import NamePairing, Pair, Pairing
 from tdiff.errors import TdiffError
@@ -36,11 +36,13 @@ from tdiff.vocab.paths import ROOT_LABEL
 
 def bisect_dumps(dump_a: Dump | str | Path, dump_b: Dump | str | Path, *,
                  tolerance: Tolerance = EXACT, pairing: Pairing | None = None,
-                 allow_incomplete: bool = False) -> BisectResult:
+                 allow_incomplete: bool = False, allow_unaligned: bool = False) -> BisectResult:
     """Name the first op boundary where dump B departs from dump A.
 
     ``pairing`` decides which tensor of A is compared with which of B (default: by name, for two
-    runs of the same program; cross-framework alignment supplies its own).
+    runs of the same program; cross-framework alignment supplies its own). A match of runs aligned
+    by token that left rows of tokens both fed uncompared raises TdiffError, unless
+    ``allow_unaligned`` (then a note says so).
     """
     a, b = _opened(dump_a, allow_incomplete), _opened(dump_b, allow_incomplete)
     pairs = (pairing or NamePairing()).pair(a, b)
@@ -69,6 +71,15 @@ def bisect_dumps(dump_a: Dump | str | Path, dump_b: Dump | str | Path, *,
         result.first_divergence, result.trail = _locate(stream, index, comparison, comparator,
                                                         _NotCompared(a, b, pairing))
         result.notes += descend(a, b, result.first_divergence, comparator)  # the op, from op records
+    partings = list(getattr(getattr(pairing, "alignment", None), "partings", []))
+    if partings:
+        # the runs sampled different tokens: the op that made the difference, if a tensor shows it, is
+        # the first divergence above (the logits of the position before)
+        result.status = "diverged"
+        result.notes.insert(0, partings[0].describe() + (f" (and {len(partings) - 1} more sequence pair(s))"
+                                                         if len(partings) > 1 else ""))
+    result.notes += unaligned_notes(getattr(pairing, "alignment", None), diverged=result.status != "match",
+                                    allow_unaligned=allow_unaligned)
     return result
 
 

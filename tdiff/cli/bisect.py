@@ -7,9 +7,9 @@ import sys
 
 import click
 
-from tdiff.cli.options import (align_option, allow_incomplete_option, json_option, mapping_option,
-                               name_filter_options, quiet_option, steps_option, tolerance_from, tolerance_options,
-                               workdir_option)
+from tdiff.cli.options import (align_option, allow_incomplete_option, allow_unaligned_option, json_option,
+                               mapping_option, name_filter_options, quiet_option, steps_option, tolerance_from,
+                               tolerance_options, workdir_option)
 from tdiff.errors import TdiffError
 
 GIB = 1 << 30
@@ -36,11 +36,12 @@ GIB = 1 << 30
 @workdir_option(" (online bisection, --graft and --try; default: a temporary one, removed at the end)")
 @json_option
 @allow_incomplete_option("; tensors it lacks are reported missing, never named as the culprit")
+@allow_unaligned_option
 @mapping_option
 @align_option
 @quiet_option
 def bisect(dumps, run_a, run_b, exact, atol, rtol, ulp, select, exclude, graft, try_spec, budget_gb, no_stats_pass,
-           steps, work, as_json, allow_incomplete, mapping, align, quiet):
+           steps, work, as_json, allow_incomplete, allow_unaligned, mapping, align, quiet):
     """Name the first op boundary where two runs part, and what kind of op it is.
 
     \b
@@ -72,6 +73,7 @@ def bisect(dumps, run_a, run_b, exact, atol, rtol, ulp, select, exclude, graft, 
     result = tdiff.bisect.run(
         *dumps, run_a=run_a, run_b=run_b, tolerance=tolerance_from(exact, atol, rtol, ulp),
         names=NameFilter.of(select, exclude), mapping=mapping, align=align, allow_incomplete=allow_incomplete,
+        allow_unaligned=allow_unaligned,
         graft=graft,        try_fixes=try_spec, stats_pass=not no_stats_pass, steps=steps, workdir=work,
         budget_bytes=int(budget_gb * GIB) if budget_gb is not None else None,
         echo=lambda line: progress.print(line, highlight=False, markup=False))

@@ -7,8 +7,9 @@ import sys
 
 import click
 
-from tdiff.cli.options import (align_option, allow_incomplete_option, dumps_from, json_option, layer_option,
-                               mapping_option, name_filter_options, quiet_option, tolerance_from, tolerance_options)
+from tdiff.cli.options import (align_option, allow_incomplete_option, allow_unaligned_option, dumps_from, json_option,
+                               layer_option, mapping_option, name_filter_options, quiet_option, tolerance_from,
+                               tolerance_options)
 
 
 @click.command()
@@ -21,11 +22,12 @@ from tdiff.cli.options import (align_option, allow_incomplete_option, dumps_from
 @click.option("--top", type=int, default=50, show_default=True,
               help="Show at most K rows: the K worst divergences and the first one (0: all).")
 @allow_incomplete_option()
+@allow_unaligned_option
 @mapping_option
 @align_option
 @quiet_option
-def compare(dump_a, dump_b, layer, select, exclude, exact, atol, rtol, ulp, as_json, top, allow_incomplete, mapping, align,
-            quiet):
+def compare(dump_a, dump_b, layer, select, exclude, exact, atol, rtol, ulp, as_json, top, allow_incomplete,
+            allow_unaligned, mapping, align, quiet):
     """Compare dumps A and B tensor by tensor.
 
     Dumps of one framework with one parallel layout pair tensors by name, step, call index, role
@@ -37,14 +39,16 @@ def compare(dump_a, dump_b, layer, select, exclude, exact, atol, rtol, ulp, as_j
     prefill and decode steps against a trainer's one forward; ragged, padded or packed), tensors
     pair token by token (docs/ALIGNMENT.md): sequences match by their token ids, each row by
     (sequence, position); rows show tokens equal of tokens compared. A position one side lacks
-    (the last sampled token) is listed, not a divergence. --align forces a pairing.
+    (the last sampled token) is listed, not a divergence. A row of a token both runs fed that
+    cannot be compared (not located, a fragment, a step without metadata) makes a match exit 2,
+    unless --allow-unaligned. --align forces a pairing.
 
     The verdict is bitwise unless --atol/--rtol/--ulp relax it. A tensor on one side only counts as a
     divergence.
 
-    Exit status: 0 all tensors match, 1 a divergence, 2 bad input.
+    Exit status: 0 all tensors match, 1 a divergence, 2 bad input (or tokens left uncompared).
     """
-    from tdiff.compare.engine import CompareOptions, compare_dumps
+    from tdiff.compare.engine import CompareOptions, compare_dumps, unaligned_notes
     from tdiff.report.console import make_console, render_compare
     from tdiff.report.progress import progress_bar
 
@@ -58,4 +62,5 @@ def compare(dump_a, dump_b, layer, select, exclude, exact, atol, rtol, ulp, as_j
         click.echo(json.dumps(report.to_json(), indent=1))
     else:
         render_compare(report, make_console(), top=top)
+    unaligned_notes(report.alignment, diverged=report.status != "match", allow_unaligned=allow_unaligned)
     sys.exit(0 if report.status == "match" else 1)

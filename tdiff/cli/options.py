@@ -110,6 +110,12 @@ def allow_incomplete_option(note: str = ""):
     return click.option("--allow-incomplete", is_flag=True, help=f"Use what an incomplete dump holds{note}.")
 
 
+def allow_unaligned_option(command):
+    return click.option("--allow-unaligned", is_flag=True, help=(
+        "Runs aligned by token: accept rows of tokens both runs fed that could not be compared (listed as "
+        "a note) instead of exit 2."))(command)
+
+
 def dumps_from(dump_a: str, dump_b: str, allow_incomplete: bool, mapping: str | None, align: str | None = None):
     """Dumps A and B opened as --allow-incomplete says, and their pairing (--align, --mapping, else
     the one their frameworks, layouts and token metadata call for)."""

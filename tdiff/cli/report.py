@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from tdiff.cli.options import (allow_incomplete_option, dumps_from, layer_option, mapping_option, quiet_option,
-                               tolerance_from, tolerance_options)
+from tdiff.cli.options import (allow_incomplete_option, allow_unaligned_option, dumps_from, layer_option,
+                               mapping_option, quiet_option, tolerance_from, tolerance_options)
 from tdiff.errors import TdiffError
 
 
@@ -29,10 +29,11 @@ from tdiff.errors import TdiffError
               help="Print the Markdown with a marker line, ready for `gh pr comment -F -`.")
 @tolerance_options
 @allow_incomplete_option()
+@allow_unaligned_option
 @mapping_option
 @quiet_option
 def report(dump_a, dump_b, fmt, out, layer, with_bisect, patch_results, gh_comment, exact, atol, rtol, ulp,
-           allow_incomplete, mapping, quiet):
+           allow_incomplete, allow_unaligned, mapping, quiet):
     """Write a report of dumps A and B: the first divergence, error per layer and boundary,
     log-prob parity per token (runs aligned by token), the environment, and optionally bisect
     and patch-trial results.
@@ -47,10 +48,11 @@ def report(dump_a, dump_b, fmt, out, layer, with_bisect, patch_results, gh_comme
     error growth, a boundary × layer heatmap and the first divergence's error per token (and,
     for runs aligned by token, over sequence × position).
 
-    Exit status: 0 match, 1 divergence (the report is written either way), 2 bad input.
+    Exit status: 0 match, 1 divergence (the report is written either way), 2 bad input (or, for
+    runs aligned by token, rows of tokens both fed left uncompared: --allow-unaligned).
     """
     from tdiff.bisect import bisect_dumps
-    from tdiff.compare.engine import CompareOptions, compare_dumps
+    from tdiff.compare.engine import CompareOptions, compare_dumps, unaligned_notes
     from tdiff.report.model import build_report
     from tdiff.report.progress import progress_bar
 
@@ -66,7 +68,9 @@ def report(dump_a, dump_b, fmt, out, layer, with_bisect, patch_results, gh_comme
     with progress_bar("comparing", quiet=quiet) as advance:
         compared = compare_dumps(a, b, CompareOptions(tolerance=tolerance, layer=layer),
                                  pairing=pairing, progress=advance)
-    bisected = bisect_dumps(a, b, tolerance=tolerance, pairing=pairing) if with_bisect else None
+    unaligned_notes(compared.alignment, diverged=compared.status != "match", allow_unaligned=allow_unaligned)
+    bisected = bisect_dumps(a, b, tolerance=tolerance, pairing=pairing,
+                            allow_unaligned=allow_unaligned) if with_bisect else None
     with progress_bar("writing the report", quiet=quiet):
         result = build_report(compared, bisect=bisected, patch_results=patches)
         text = _render(result, fmt, gh_comment)

@@ -14,7 +14,7 @@ from typing import Protocol
 import torch
 
 from tdiff.compare.metrics import EXACT, ReportedMetrics, TensorMetrics, Tolerance, compare_tensors, json_number
-from tdiff.compare.pairing import NameFilter, NamePairing, Pair, Pairing, Side
+from tdiff.compare.pairing import NameFilter, NamePairing, Pair, Pairing, Side, keep_uncompared
 from tdiff.compare.result import CompareResult, DumpSide, TensorVerdict, status_counts
 from tdiff.compare.tokens import TokenVerdict, token_verdict
 from tdiff.errors import TdiffError
@@ -98,7 +98,13 @@ class CompareReport:
 
     @property
     def status(self) -> str:
-        return "diverged" if any(c.diverged for c in self.comparisons) else "match"
+        return "diverged" if any(c.diverged for c in self.comparisons) or self.partings else "match"
+
+    @property
+    def partings(self) -> list:
+        """Where sequences aligned by token were fed different tokens (the runs sampled
+        differently): divergences by themselves, the lowest position first."""
+        return list(getattr(self.alignment, "partings", []))
 
     @property
     def first_divergence(self) -> Comparison | None:
@@ -122,6 +128,18 @@ class CompareReport:
         return self.result().to_json()
 
 
+def unaligned_notes(alignment: object, *, diverged: bool, allow_unaligned: bool) -> list[str]:
+    """What a token alignment left uncompared, as the verdict takes it (docs/ALIGNMENT.md): a
+    match that compared less than both runs fed is no match, raised as TdiffError (exit 2) unless
+    ``allow_unaligned``; a divergence stands (exit 1). Otherwise a note to list."""
+    uncompared = getattr(alignment, "uncompared", None)
+    if uncompared is None or not uncompared.count:
+        return []
+    if not diverged and not allow_unaligned:
+        raise TdiffError(uncompared.message())
+    return [uncompared.note()]
+
+
 def _dump_side(dump: Dump) -> DumpSide:
     return DumpSide(path=str(dump.path), side=dump.side, problems=dump.problems, notes=dump.notes)
 
@@ -134,6 +152,8 @@ def compare_dumps(a: Dump, b: Dump, options: CompareOptions | None = None, *,
     names = NameFilter.of(options.select, options.exclude)
     paired = pairing.pair(a, b)
     pairs = [p for p in paired if _wanted(p, options, names)]
+    keep_uncompared(getattr(pairing, "alignment", None),
+                    lambda name: names.wants(name) and (options.layer is None or layer_of(name) == options.layer))
     if not pairs:
         raise TdiffError(_nothing_to_compare(options, names))
     comparator = PairComparator(a, b, options.tolerance)

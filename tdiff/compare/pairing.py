@@ -118,7 +118,15 @@ class FilteredPairing:
         if pairs and not wanted:
             raise TdiffError(self.name_filter.nothing_left())
         self.left_out = len(pairs) - len(wanted)
+        keep_uncompared(self.alignment, self.name_filter.wants)
         return wanted
+
+
+def keep_uncompared(alignment: object, wanted: Callable[[str], bool]) -> None:
+    """Narrow a token alignment's uncompared rows to the tensors a filter keeps (no-op for others)."""
+    uncompared = getattr(alignment, "uncompared", None)
+    if uncompared is not None:
+        uncompared.keep(wanted)
 
 
 def merge_in_order(items_a, items_b, *, key, make) -> list:

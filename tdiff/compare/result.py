@@ -10,6 +10,8 @@
      "tensors": [{"name": ..., "status": ..., "metrics": {...}, "plan": {...}, "tokens": {...}}, ...],
      "alignment": {...}}   # only where a cross-framework pairing aligned the dumps
 
+A token alignment's ``alignment.parted`` (sequences the runs sampled differently) is a divergence too.
+
 ``status``, ``summary`` and ``first_divergence`` follow from ``tensors``; reading JSON whose copies of
 them disagree with its tensors is refused. ``alignment`` stays the pairing's own JSON (a boundary or a
 token alignment), held as written. ``CompareResult.from_json(r.to_json()) == r``.
@@ -126,7 +128,8 @@ class CompareResult:
 
     @property
     def status(self) -> str:
-        return "diverged" if any(t.diverged for t in self.tensors) else "match"
+        parted = (self.alignment or {}).get("parted")
+        return "diverged" if any(t.diverged for t in self.tensors) or parted else "match"
 
     @property
     def summary(self) -> dict[str, int]:

@@ -167,6 +167,12 @@ def render_token_alignment(alignment: TokenAlignment, console: Console) -> None:
         if unmatched:
             shown = ", ".join(f"{u['seq']} ({u['tokens']} tokens)" for u in unmatched[:8])
             console.print(f"  [yellow]sequences only on {label}[/yellow] (no partner by token ids): {shown}")
+    for parting in alignment.partings[:4]:
+        console.print(f"  [red]diverged[/red]: {parting.describe()} (the positions before it compared)")
+    if len(alignment.partings) > 4:
+        console.print(f"  ... and {len(alignment.partings) - 4} more sequence pairs that part; --json lists them")
+    if alignment.uncompared.count:
+        console.print(f"  [yellow]not compared[/yellow]: {escape(alignment.uncompared.note())}")
     if alignment.not_aligned:
         names = ", ".join(escape(name) for name, _ in alignment.not_aligned[:6])
         more = f" and {len(alignment.not_aligned) - 6} more" if len(alignment.not_aligned) > 6 else ""
@@ -185,6 +191,8 @@ def summary_line(report: CompareReport) -> str:
     if first is None and report.same_dump:
         return (f"match: A and B are the same dump ({report.a.path}), so its {counts['compared']} tensors "
                 "equal themselves; give two different runs to compare")
+    if first is None and report.partings:
+        return f"diverged: {report.partings[0].describe()}{_token_totals(report)}"
     if first is None:
         # a filter may have left out where the runs part: say so next to the match
         left_out = f"; {report.left_out} tensor(s) left out by --layer/--select/--exclude" if report.left_out else ""
@@ -248,7 +256,8 @@ def render_bisect(result: BisectResult, console: Console) -> None:
             f"not bitwise repeatable: {escape(', '.join(repeats.differing)) or 'none'}")
     d = result.first_divergence
     if d is None and result.status == "diverged":
-        say(f"[bold red]diverged[/bold red]: tensors are missing on one side (see the note); the "
+        say(f"[bold red]diverged[/bold red]: tensors are missing on one side, or the runs sampled different "
+            f"tokens (see the notes); the "
             f"{result.checked:,} events compared on both sides are equal ({result.tolerance}), so no op is named")
     elif d is None:
         say(f"[green]match[/green]: all {result.checked:,} events compared are equal "

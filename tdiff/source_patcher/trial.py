@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tdiff.align import choose_pairing
-from tdiff.compare.engine import CompareOptions, CompareReport, compare_dumps
+from tdiff.compare.engine import CompareOptions, CompareReport, compare_dumps, unaligned_notes
 from tdiff.compare.metrics import EXACT, Tolerance
 from tdiff.errors import DumpError, TdiffError
 from tdiff.launch import CaptureConfig, failure, run_command
@@ -138,13 +138,15 @@ class CaptureSelection:
 def try_candidates(candidates: list[Candidate], baseline: str | Path, command: list[str], *,
                    workdir: str | Path | None = None, tolerance: Tolerance = EXACT,
                    selection: CaptureSelection | None = None, baseline_command: list[str] | None = None,
+                   allow_unaligned: bool = False,
                    progress: Callable[[TrialResult, int, int], None] | None = None) -> TrialReport:
     """Run ``command`` unpatched and under each candidate; compare every run with ``baseline``.
 
     With ``baseline_command``, side A is captured again under each candidate too, and each
     candidate's run of B is compared with that: for fixes both sides must share (batch
     invariance: the same op overrides on the lone sequence and on the batch). The control still
-    compares with ``baseline``.
+    compares with ``baseline``. A run aligned by token that matches while rows of tokens both runs
+    fed were left uncompared is an error, unless ``allow_unaligned`` (then its reason notes it).
     """
     if not candidates:
         raise TdiffError("no candidates to try")
@@ -154,7 +156,7 @@ def try_candidates(candidates: list[Candidate], baseline: str | Path, command: l
     base = open_dump(baseline)
     work = _workdir(workdir)
     runner = _Runner(base, list(command), work, tolerance, selection or CaptureSelection(),
-                     list(baseline_command) if baseline_command else None)
+                     list(baseline_command) if baseline_command else None, allow_unaligned)
     total = len(candidates) + 1
     control = runner.run(0, CONTROL, [])
     if progress is not None:
@@ -198,9 +200,10 @@ def _workdir(workdir: str | Path | None) -> Path:
 
 class _Runner:
     def __init__(self, baseline: Dump, command: list[str], workdir: Path, tolerance: Tolerance,
-                 selection: CaptureSelection, baseline_command: list[str] | None):
+                 selection: CaptureSelection, baseline_command: list[str] | None, allow_unaligned: bool):
         self.baseline, self.command, self.workdir = baseline, command, workdir
         self.tolerance, self.selection, self.baseline_command = tolerance, selection, baseline_command
+        self.allow_unaligned = allow_unaligned
 
     def run(self, index: int, name: str, patches: list) -> TrialResult:
         stem = f"{index:02d}-{re.sub(r'[^A-Za-z0-9._+-]', '_', name)}"
@@ -231,7 +234,14 @@ class _Runner:
         except DumpError as exc:
             result.reason = str(exc)
             return result
+        try:
+            notes = unaligned_notes(report.alignment, diverged=report.status != "match",
+                                    allow_unaligned=self.allow_unaligned)
+        except TdiffError as exc:   # a match that compared less than both runs fed
+            result.reason = str(exc)
+            return result
         _measure(result, report)
+        result.reason = result.reason or (notes[0] if notes else None)
         return result
 
     def _capture(self, command: list[str], out: Path, side: str, patches: dict, log: Path, *,

@@ -25,14 +25,16 @@ if TYPE_CHECKING:
 
 
 def assert_match(dump_a: Dump | str | Path, dump_b: Dump | str | Path, *, layers: str | None = None,
-                 select: str | None = None, atol: float = 0.0, rtol: float = 0.0, ulp: float | None = None) -> None:
+                 select: str | None = None, atol: float = 0.0, rtol: float = 0.0, ulp: float | None = None,
+                 allow_unaligned: bool = False) -> None:
     """Raise AssertionError (message: bisect's summary) unless dump B matches dump A.
 
     Dumps are paired as ``tdiff bisect A B`` pairs them (by name, by canonical boundary across
     frameworks and layouts). ``layers``: only tensors of these decoder layers ("0-5", "0,3");
     ``select``: only tensors whose name matches this regex. Bitwise unless ``atol`` or ``rtol`` is
     given: then an element matches when ``|a-b| <= atol + rtol * max(|a|, |b|)``; ``ulp=N`` adds N
-    ULPs at each tensor's scale (``tdiff compare --ulp``).
+    ULPs at each tensor's scale (``tdiff compare --ulp``). Runs aligned by token whose rows of tokens
+    both fed were not all compared raise TdiffError, unless ``allow_unaligned`` (docs/ALIGNMENT.md).
     """
     from tdiff.align import choose_pairing
     from tdiff.bisect import bisect_dumps
@@ -53,7 +55,7 @@ def assert_match(dump_a: Dump | str | Path, dump_b: Dump | str | Path, *, layers
     wanted_layers = parse_ranges(layers, "layers")   # None: every layer ("", "all" too)
     if wanted_layers is not None:
         pairing = _LayerPairing(pairing, wanted_layers)
-    result = bisect_dumps(a, b, tolerance=tolerance, pairing=pairing)
+    result = bisect_dumps(a, b, tolerance=tolerance, pairing=pairing, allow_unaligned=allow_unaligned)
     if result.exit_code != 0:
         console = make_console()
         console.file = io.StringIO()
@@ -78,9 +80,12 @@ class _LayerPairing:
 
     def pair(self, a: Dump, b: Dump):
         from tdiff.compare.engine import pair_layer
+        from tdiff.compare.pairing import keep_uncompared
+        from tdiff.vocab.paths import layer_of
 
         pairs = self.pairing.pair(a, b)
         wanted = [p for p in pairs if pair_layer(p.name, p.kind, p.record) in self.layers]
+        keep_uncompared(self.alignment, lambda name: layer_of(name) in self.layers)
         if not wanted:
             raise TdiffError(f"nothing to compare: neither dump has tensors of layers "
                              f"{', '.join(map(str, sorted(self.layers)))}")

@@ -20,7 +20,7 @@ def value(request: str, position: int, planted: set | frozenset = frozenset()) -
     return [base + (0.5 if (request, position) in planted else 0.0), -base]
 
 
-def engine(path, order_by_step, *, ids=True, chunk=None, planted=frozenset()):
+def engine(path, order_by_step, *, ids=True, chunk=None, planted=frozenset(), last_planted=frozenset()):
     """A ragged engine: step 0 prefills every prompt (optionally in two chunks), then one decode
     step per response token but the last, the batch order given per step."""
     with tdiff.capture(path):
@@ -40,7 +40,8 @@ def engine(path, order_by_step, *, ids=True, chunk=None, planted=frozenset()):
             tdiff.dump("hidden", torch.tensor(rows))
             prefill = any(len(ps) > 1 for _, ps in fed)
             # an LM head that scores only each sequence's last token in the prefill
-            tdiff.dump("logits", torch.tensor([value(r, ps[-1]) for r, ps in fed]) if prefill else torch.tensor(rows))
+            tdiff.dump("logits", torch.tensor([value(r, ps[-1], last_planted) for r, ps in fed]) if prefill
+                       else torch.tensor(rows))
     return open_dump(path)
 
 
@@ -104,15 +105,20 @@ def test_a_sequence_the_other_run_lacks_is_listed_and_its_tokens_are_one_sided(t
     assert report.comparisons[0].tokens.only_b == len(PROMPT) + 2
 
 
-def test_steps_whose_rows_are_not_tokens_are_listed_and_the_others_compared(tmp_path):
+def test_an_lm_head_scoring_each_sequences_last_token_in_the_prefill_aligns_with_its_last_fed_position(tmp_path):
+    """The engine's prefill logits are [num_seqs, vocab] (SGLang's logits processor): row s is
+    sequence s's last prompt position (issue 27 §6)."""
     a = packed_trainer(tmp_path / "trainer", ["r1", "r2", "r3"])
     b = engine(tmp_path / "engine", [["r1", "r2", "r3"]] * 3)
     report, alignment = aligned(a, b)
     assert report.status == "match"
     logits = next(c for c in report.comparisons if c.name == "logits")
-    assert logits.tokens.compared == len(RESPONSES) * 2          # the decode steps' tokens only
-    assert [name for name, _ in alignment.partly] == ["logits"]
-    assert "1 step(s) not compared" in alignment.partly[0][1]
+    assert logits.tokens.compared == len(RESPONSES) * (1 + 2)    # the prompt's last token, then the decodes'
+    assert not alignment.partly and alignment.uncompared.count == 0
+    planted = engine(tmp_path / "planted", [["r1", "r2", "r3"]] * 3, last_planted={("r3", len(PROMPT) - 1)})
+    report, _ = aligned(a, planted)
+    logits = next(c for c in report.comparisons if c.name == "logits")
+    assert logits.tokens.first_differing.position == len(PROMPT) - 1 and logits.tokens.equal == logits.tokens.compared - 1
 
 
 def test_replicated_ranks_hold_one_layout_and_another_batching_is_another(tmp_path, monkeypatch):

@@ -4,7 +4,13 @@ A forward's token grid is ``[batch, seq]`` or ``[tokens]`` (tdiff.store.tokens).
 forward holds one row per grid cell when its leading dims are the grid (``grid``), the grid
 transposed (``seq-major``: Megatron's ``[seq, batch, ...]``) or the grid's cells flattened
 (``flat``: SGLang's ``[tokens, ...]``, and every canonical tensor, whose tokens come first in
-natural order). An explicit dump made with ``positions=`` says where its rows sit itself
+natural order), or the ``[tokens]`` grid under a batch of one (``packed``: THD's ``[1, tokens]``
+input ids). A table indexed by position alone (``positions``: RoPE's cos/sin ``[1, seq, dim]``
+shared by a ``[batch, seq]`` batch, ``[1, 1, dim]`` in a decode step) stands, row j, for every
+token of grid column j, when they all sit at one position. An engine's rows per sequence
+(``last``: ``[num_seqs, vocab]`` or ``[num_seqs, 1, vocab]`` logits of each sequence's last token,
+SGLang's logits processor in a prefill, Hugging Face's ``generate``) stand, row s, for sequence
+s's last position fed in this forward. An explicit dump made with ``positions=`` says where its rows sit itself
 (``rows``). Padding cells are dropped; a tensor matching none of these is not token-shaped.
 """
 
@@ -26,11 +32,12 @@ class Located:
     """One tensor's rows that are tokens: ``rows[i]`` of the row-major tensor stands for the
     token ``(sequences[i], positions[i])``."""
 
-    mode: str                      # "grid", "seq-major", "flat" or "rows"
+    mode: str                      # "grid", "seq-major", "flat", "packed", "positions", "last" or "rows"
     lead: tuple[int, ...]          # the leading dims that hold the rows (as stored)
     rows: list[int]
     sequences: list[int]
     positions: list[int]
+    strays: int = 0                # rows of an explicit dump naming a sequence its forward does not hold
 
     @property
     def count(self) -> int:
@@ -61,14 +68,14 @@ def locate(record: Record, batch: TokenBatch | None, index: SequenceIndex,
         if batch is None:
             return f"step {record.step} has no token metadata on rank {record.rank}"
         rows = []
-        for row, (seq, position) in enumerate(zip(explicit.seqs, explicit.positions)):
+        for row, (seq, position) in enumerate(zip(_row_sequences(explicit, batch), explicit.positions)):
             found = index.of(record.step, record.rank, seq)
             if found is not None:
                 rows.append((row, found, position))
-        return _located("rows", explicit.shape, rows)
+        return _located("rows", explicit.shape, rows, strays=len(explicit.seqs) - len(rows))
     if batch is None:
         return f"step {record.step} has no token metadata on rank {record.rank}"
-    mode = _mode(record, batch.shape)
+    mode = _mode(record, batch)
     if mode is None:
         return (f"shape {list(record.shape)} has no row per token of step {record.step}'s token grid "
                 f"{list(batch.shape)}")
@@ -78,18 +85,69 @@ def locate(record: Record, batch: TokenBatch | None, index: SequenceIndex,
     return cache[key]
 
 
+def _row_sequences(explicit: RowTokens, batch: TokenBatch) -> list[int]:
+    """Each explicit row's sequence in its forward. A 1-D ``positions=`` without ``seq_ids`` names
+    by default the element's index as its sequence: right for a decode step (a row per sequence),
+    not for a prefill's rows (a row per token, sequence after sequence). Where the element indices
+    do not fit the forward (a sequence it lacks, a position past one's tokens), the rows are read
+    as runs of rising positions, one per sequence of the forward in order, when they fit that."""
+    positions, seqs = explicit.positions, explicit.seqs
+    if len(explicit.shape) != 1 or seqs != list(range(len(seqs))):
+        return seqs
+    spans: dict[int, tuple[int, int]] = {}
+    for seq, position in zip(batch.seqs, batch.positions):
+        if seq != PADDING:
+            low, high = spans.get(seq, (position, position))
+            spans[seq] = (min(low, position), max(high, position))
+
+    def fits(seq: int, position: int) -> bool:
+        return seq in spans and spans[seq][0] <= position <= spans[seq][1] + 1   # a log-prob scores the next
+
+    if all(fits(seq, position) for seq, position in zip(seqs, positions)):
+        return seqs
+    runs, current = [], -1
+    for k, position in enumerate(positions):
+        if k == 0 or position <= positions[k - 1]:
+            current += 1
+        runs.append(current)
+    order = sorted(spans)
+    if current + 1 != len(order):
+        return seqs
+    resolved = [order[run] for run in runs]
+    return resolved if all(fits(seq, position) for seq, position in zip(resolved, positions)) else seqs
+
+
 def _grid_rows(step: int, rank: int, mode: str, batch: TokenBatch, index: SequenceIndex) -> Located:
-    lead = {"grid": batch.shape, "seq-major": tuple(reversed(batch.shape)), "flat": (batch.cells,)}[mode]
+    if mode.startswith("last"):
+        return _last_rows(step, rank, mode, batch, index)
+    lead = {"grid": batch.shape, "seq-major": tuple(reversed(batch.shape)), "flat": (batch.cells,),
+            "packed": (1, batch.cells), "positions": (1, batch.shape[-1])}[mode]
     located = []
     for cell, (seq, position) in enumerate(zip(batch.seqs, batch.positions)):
         found = index.of(step, rank, seq) if seq != PADDING else None
         if found is not None:
-            located.append((cell, found, position))   # as_rows puts a seq-major tensor's rows in grid order
+            # as_rows puts a seq-major tensor's rows in grid order; a position table's row is the column
+            row = cell % batch.shape[-1] if mode == "positions" else cell
+            located.append((row, found, position))
     return _located(mode, lead, located)
 
 
-def _mode(record: Record, grid: tuple[int, ...]) -> str | None:
-    shape = record.shape
+def _last_rows(step: int, rank: int, mode: str, batch: TokenBatch, index: SequenceIndex) -> Located:
+    last: dict[int, int] = {}
+    for seq, position in zip(batch.seqs, batch.positions):
+        if seq != PADDING:
+            last[seq] = max(last.get(seq, position), position)
+    located = []
+    for seq, position in last.items():
+        found = index.of(step, rank, seq)
+        if found is not None:
+            located.append((seq, found, position))
+    lead = (batch.sequences, 1) if mode == "last-kept" else (batch.sequences,)
+    return _located(mode, lead, located)
+
+
+def _mode(record: Record, batch: TokenBatch) -> str | None:
+    shape, grid = record.shape, batch.shape
     seq_major = len(grid) == 2 and tuple(shape[:2]) == (grid[1], grid[0])
     if seq_major and record.attrs.get("framework") == "megatron":
         return "seq-major"   # Megatron's activations are [seq, batch, ...] (even where seq == batch)
@@ -99,10 +157,28 @@ def _mode(record: Record, grid: tuple[int, ...]) -> str | None:
         return "seq-major"
     if shape and shape[0] == math.prod(grid) and len(grid) == 2:
         return "flat"
+    if len(grid) == 1 and tuple(shape[:2]) == (1, grid[0]):
+        return "packed"
+    if len(grid) == 2 and tuple(shape[:2]) == (1, grid[1]) and _one_position_per_column(batch):
+        return "positions"
+    if len(shape) == 2 and shape[0] == batch.sequences:
+        return "last"
+    if len(shape) == 3 and (shape[0], shape[1]) == (batch.sequences, 1):
+        return "last-kept"   # Hugging Face's logits_to_keep=1: [batch, 1, vocab]
     return None
 
 
-def _located(mode: str, lead: tuple[int, ...], located: list[tuple[int, int, int]]) -> Located:
+def _one_position_per_column(batch: TokenBatch) -> bool:
+    """Whether the tokens of each grid column sit at one position (no left padding shifts them)."""
+    width = batch.shape[-1]
+    column: dict[int, int] = {}
+    for cell, (seq, position) in enumerate(zip(batch.seqs, batch.positions)):
+        if seq != PADDING and column.setdefault(cell % width, position) != position:
+            return False
+    return True
+
+
+def _located(mode: str, lead: tuple[int, ...], located: list[tuple[int, int, int]], strays: int = 0) -> Located:
     located.sort()
     return Located(mode, tuple(lead), [r for r, _, _ in located], [s for _, s, _ in located],
-                   [p for _, _, p in located])
+                   [p for _, _, p in located], strays)

@@ -166,6 +166,10 @@ def render_token_alignment(alignment: TokenAlignment, console: Console) -> None:
         if unmatched:
             shown = ", ".join(f"{u['seq']} ({u['tokens']} tokens)" for u in unmatched[:8])
             console.print(f"  [yellow]sequences only on {label}[/yellow] (no partner by token ids): {shown}")
+    if alignment.one_sided_inputs:
+        names = ", ".join(f"{escape(name)} ({side})" for name, side in alignment.one_sided_inputs[:6])
+        more = f" and {len(alignment.one_sided_inputs) - 6} more" if len(alignment.one_sided_inputs) > 6 else ""
+        console.print(f"  inputs one run alone passes, not compared (not a divergence): {names}{more}")
     if alignment.not_aligned:
         names = ", ".join(escape(name) for name, _ in alignment.not_aligned[:6])
         more = f" and {len(alignment.not_aligned) - 6} more" if len(alignment.not_aligned) > 6 else ""

@@ -32,6 +32,10 @@ def test_the_rollout_walkthrough_runs_as_written(tmp_path):
         assert result.returncode == expected, (command, result.stdout[-3000:], result.stderr[-3000:])
         outputs.append(result.stdout)
     compare, bisect = outputs[2], outputs[4]
+    generated, faulty = " ".join(outputs[7].split()), " ".join(outputs[9].split())
+    assert "match: all" in generated and "not compared (not a divergence): (model)[position_ids] (B)" in generated
+    assert "introduced at model.layers.1.mlp.down_proj (linear, layer 1)" in faulty
+    assert "first differing token: position 3 of sequence 0 (A, step 0) / 0 (B, step 1)" in faulty
     assert "aligned by token" in compare and "15/15" in compare
     assert "introduced at model.layers.1.mlp.down_proj (linear, layer 1)" in bisect
     assert "first differing token: position 3 of sequence 1 (A, step 0) / 0 (B, step 1)" in bisect

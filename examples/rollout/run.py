@@ -6,12 +6,16 @@ in the other order).
     python examples/rollout/run.py engine --save rollout.json                 # writes the sequences
     python examples/rollout/run.py trainer --sequences rollout.json
     python examples/rollout/run.py engine --decode-fault                      # a fault in decode only
+    python examples/rollout/run.py generate --save generated.json             # HF generate as the engine
+    python examples/rollout/run.py forward --sequences generated.json         # a plain model(ids) forward
 
 The engine dumps the log-prob of each sampled token at the position of that token; the trainer
 dumps the log-prob of every token of its sequences (but the first), at each token's position.
 Under `tdiff capture` both record every module; `tdiff compare` aligns them token by token
 (docs/ALIGNMENT.md). The decode fault perturbs layer 1's down projection when it sees one token
-per row: `tdiff bisect` names it, and the token.
+per row: `tdiff bisect` names it, and the token. ``generate`` and ``forward`` are the first pair
+a user writes: ``model.generate`` (keyword arguments, its own position_ids and cache) against
+``model(ids, attention_mask=mask)`` (input_ids by position, no position_ids).
 """
 
 from __future__ import annotations
@@ -86,6 +90,33 @@ def trainer(model, sequences: list[list[int]], dump_dir=None, **capture) -> None
         dump_logprobs(logits, ids)
 
 
+def generate(model, prompts: list[list[int]], decode_steps: int) -> Rollout:
+    """HF ``generate``, greedy, over the left-padded prompts; the log-prob of each sampled token
+    at its position, dumped once at the end (row i: sequence i of the last step's batch, which
+    holds them all)."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=decode_steps + 1, do_sample=False,
+                             pad_token_id=PAD, output_logits=True, return_dict_in_generate=True)
+    sampled = out.sequences[:, width:]
+    logits = torch.stack(out.logits, 1).float()   # [batch, new tokens, vocab]
+    scored = torch.log_softmax(logits, -1).gather(-1, sampled[..., None])[..., 0]
+    lengths = torch.tensor([len(p) for p in prompts])
+    tdiff.dump("logprobs", scored, positions=lengths[:, None] + torch.arange(sampled.shape[1]))
+    return Rollout(prompts, [p + t for p, t in zip(prompts, sampled.tolist())], decode_steps)
+
+
+def forward(model, sequences: list[list[int]]) -> None:
+    """The plain forward a user writes first: ``model(ids, attention_mask=mask)``, right-padded."""
+    width = max(map(len, sequences))
+    ids = torch.tensor([s + [PAD] * (width - len(s)) for s in sequences])
+    mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in sequences])
+    with torch.no_grad():
+        dump_logprobs(model(ids, attention_mask=mask).logits.float(), ids)
+
+
 def dump_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> None:
     """A trainer's log-prob of every token but the first, from its [batch, seq, vocab] logits."""
     scored = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
@@ -111,25 +142,29 @@ def _captured(dump_dir, model, options: dict):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("role", choices=["engine", "trainer"])
+    parser.add_argument("role", choices=["engine", "trainer", "generate", "forward"])
     parser.add_argument("--save", help="engine: write the finished sequences to this JSON file")
-    parser.add_argument("--sequences", help="trainer: the engine's finished sequences (JSON)")
-    parser.add_argument("--decode-fault", action="store_true", help=f"engine: perturb {FAULTY} in decode steps")
+    parser.add_argument("--sequences", help="trainer, forward: the engine's finished sequences (JSON)")
+    parser.add_argument("--decode-fault", action="store_true",
+                        help=f"engine, generate: perturb {FAULTY} in decode steps")
     options = parser.parse_args()
     model = build_model()
-    if options.role == "engine":
+    if options.role in ("engine", "generate"):
         if options.decode_fault:
             decode_only_fault(model, FAULTY)
-        rollout = engine(model, PROMPTS, DECODE_STEPS)
+        rollout = (engine if options.role == "engine" else generate)(model, PROMPTS, DECODE_STEPS)
         if options.save:
             with open(options.save, "w") as file:
                 json.dump(rollout.sequences, file)
     else:
         if not options.sequences:
-            parser.error("trainer needs --sequences (the engine's --save)")
+            parser.error(f"{options.role} needs --sequences (the engine's --save)")
         with open(options.sequences) as file:
             sequences = json.load(file)
-        trainer(model, sequences[::-1])   # the trainer's batch holds them in another order
+        if options.role == "forward":
+            forward(model, sequences)
+        else:
+            trainer(model, sequences[::-1])   # the trainer's batch holds them in another order
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ def bisect_dumps(dump_a: Dump | str | Path, dump_b: Dump | str | Path, *,
                           tolerance=tolerance.describe(),
                           sides={"a": str(a.path), "b": str(b.path)},
                           notes=_notes(a, b) + _missing_notes(missing) + _left_out_notes(pairing)
-                          + _not_aligned_notes(pairing))
+                          + _not_aligned_notes(pairing) + _one_sided_input_notes(pairing))
     if found:
         _, _, stream, index, comparison = min(found, key=lambda f: f[:2])
         result.first_divergence, result.trail = _locate(stream, index, comparison, comparator,
@@ -105,6 +105,16 @@ def _missing_notes(missing: list[Pair]) -> list[str]:
 def _left_out_notes(pairing: Pairing | None) -> list[str]:
     left_out = getattr(pairing, "left_out", 0)  # a FilteredPairing's
     return [f"{left_out:,} tensor(s) left out by --select/--exclude were not compared"] if left_out else []
+
+
+def _one_sided_input_notes(pairing: Pairing | None) -> list[str]:
+    """Runs aligned by token: module inputs one run alone passes, listed, not divergences."""
+    one_sided = getattr(getattr(pairing, "alignment", None), "one_sided_inputs", None)
+    if not one_sided:
+        return []
+    name, side = one_sided[0]
+    return [(f"aligned by token: {len(one_sided):,} input(s) one run alone passes were not compared (not a "
+             f"divergence by itself), first {name} (side {side} only)")]
 
 
 def _not_aligned_notes(pairing: Pairing | None) -> list[str]:
@@ -180,7 +190,9 @@ class _NotCompared:
 
     def __init__(self, a: Dump, b: Dump, pairing: Pairing | None):
         self.dumps = (a, b)
-        self.not_aligned = dict(getattr(getattr(pairing, "alignment", None), "not_aligned", None) or [])
+        alignment = getattr(pairing, "alignment", None)
+        self.not_aligned = dict(getattr(alignment, "not_aligned", None) or [])
+        self.one_sided = dict(getattr(alignment, "one_sided_inputs", None) or [])
 
     def of_module(self, stream: Stream, index: int) -> str | None:
         """"<names> (<why>); ..." for the call whose output is ``stream.pairs[index]``, or None."""
@@ -200,12 +212,15 @@ class _NotCompared:
             if record.role == "input" and record.module == event.module and record.call == event.call \
                     and (earlier.a is None or earlier.b is None):
                 add(f"passed by side {'A' if earlier.b is None else 'B'} only", record.sub)
-        if self.not_aligned:
+        if self.not_aligned or self.one_sided:
             modules = {event.module, pair.b.record.module if pair.b is not None else None}
             for dump in self.dumps:
                 for record in dump.records:
-                    if record.role == "input" and record.module in modules and record.step == event.step \
-                            and record.call == event.call and record.name in self.not_aligned:
+                    if record.role != "input" or record.module not in modules or record.call != event.call:
+                        continue
+                    if record.name in self.one_sided:
+                        add(f"passed by side {self.one_sided[record.name]} only", record.sub)
+                    elif record.name in self.not_aligned and record.step == event.step:
                         add("no row per token to align", record.sub)
         return "; ".join(f"{', '.join(names)} ({why})" for why, names in groups.items()) or None
 

@@ -62,7 +62,7 @@ class NamePairing:
 
     def pair(self, a: Dump, b: Dump) -> list[Pair]:
         return merge_in_order(a.records, b.records, key=lambda r: r.pair_key,
-                              make=lambda ra, rb: Pair(name=(ra or rb).name,
+                              make=lambda ra, rb: Pair(name=(ra or rb).pair_key[0],
                                                        a=Side([ra]) if ra else None,
                                                        b=Side([rb]) if rb else None))
 

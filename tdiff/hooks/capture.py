@@ -34,19 +34,19 @@ from tdiff.store.fingerprint import xxh3_fingerprint
 from tdiff.store.manifest import MANIFEST_DIR, create_dump, new_part_id
 from tdiff.store.record import Record
 from tdiff.store.storage import STORAGES
-from tdiff.store.tokens import TokenBatch
+from tdiff.store.tokens import FRAMEWORK_LAYOUTS, TokenBatch
 from tdiff.store.writer import DEFAULT_MAX_PENDING, DEFAULT_SHARD_BYTES, DumpWriter, Pending
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self from Python 3.11
 from tdiff.errors import TdiffError
 from tdiff.hooks.active import active_capture, set_active
-from tdiff.hooks.annotations import annotate, annotating_framework, registrations
+from tdiff.hooks.annotations import annotate, annotating_framework, framework_of, registrations
 from tdiff.hooks.claim import Claim
 from tdiff.hooks.cuda_graphs import DEFAULT_GRAPH_BUDGET, GraphRecorder, install_graph_hooks
 from tdiff.hooks.device import Summarizer, host_copy
 from tdiff.hooks.layouts import unrecordable
-from tdiff.hooks.naming import ModulePaths, flatten_call_inputs, flatten_tensors, tensor_name
+from tdiff.hooks.naming import ModulePaths, flatten_call_inputs, flatten_tensors, positional_parameters, tensor_name
 from tdiff.hooks.ops import OpRecorder, OpTracer
 from tdiff.hooks.part import ProcessPart
 from tdiff.hooks.running import Frame, RunningState, count_call
@@ -311,8 +311,10 @@ class Capture:
         described = site.wrapped if compiled and site.wrapped is not None else module
         where = (path, described, parent, len(stack), site.annotator, path, site.other_layer)
         if recording:
+            parameters = positional_parameters(module, len(args))
             for sub, tensor in flatten_call_inputs(args, kwargs):
-                self._record(tensor, site.name(sub), sub, "input", call, where)
+                self._record(tensor, site.name(sub), sub, "input", call, where,
+                             bound=_bound_name(site, sub, parameters))
             self._summaries.launch()  # the inputs' summaries run before the module can change them
         tracer = None
         if recording and self._ops is not None and self._ops.wants(path) and graph is not None:
@@ -327,7 +329,8 @@ class Capture:
         if compiled:
             self.note(f"torch.compile: {tensor_name(path, '')} ran compiled: its inputs and outputs are "
                       "recorded, the modules inside it are not (capture without torch.compile to record them)")
-        stack.append(Frame(module, path, call, site.annotator, site.layer, compiled, tracer))
+        stack.append(Frame(module, path, call, site.annotator, site.layer, compiled, tracer,
+                           declared_layout(module, parent)))
         try:
             if tracer is None:
                 output = invoke(*args, **kwargs)
@@ -456,7 +459,8 @@ class Capture:
         return seq
 
     def _record(self, tensor: torch.Tensor, name: str, sub: str, role: str, call: int,
-                where: tuple, explicit_attrs: dict | None = None, op: dict | None = None) -> int | None:
+                where: tuple, explicit_attrs: dict | None = None, op: dict | None = None,
+                bound: str | None = None) -> int | None:
         unfit = unrecordable(tensor)
         if unfit is not None:
             if not any(note.startswith(unfit) for note in self.notes):   # once a kind
@@ -490,6 +494,11 @@ class Capture:
             if module is not None else explicit_attrs or {})
         if quantization is not None:
             record.attrs = {**record.attrs, "quantization": quantization}
+        if bound is not None:
+            record.attrs = {**record.attrs, "bound": bound}
+        layout = declared_layout(module, parent) if module is not None and op is None and role != "explicit" else None
+        if layout is not None and layout != FRAMEWORK_LAYOUTS.get(record.attrs.get("framework", "")):
+            record.attrs = {**record.attrs, "layout": layout}   # what its framework's layout would not say
         if self._ops is not None:
             self._ops.held(original, seq)
         if graph is not None:
@@ -619,6 +628,28 @@ def _compiler_graph(module) -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def declared_layout(module, parent: Frame | None) -> str | None:
+    """"seq-first" or "batch-first": what the module declares the way torch.nn does (its own
+    ``batch_first``: nn.Transformer, nn.MultiheadAttention, nn.LSTM; else a direct child's: a
+    TransformerEncoderLayer's self_attn), else its framework's layout (Megatron: seq-first;
+    transformers: batch-first), else the enclosing call's; None where nothing says."""
+    for holder in (module, *module.children()):   # read at every call: a user may declare it later
+        batch_first = getattr(holder, "batch_first", None)
+        if isinstance(batch_first, bool):
+            return "batch-first" if batch_first else "seq-first"
+    return FRAMEWORK_LAYOUTS.get(framework_of(type(module))) or (parent.layout if parent is not None else None)
+
+
+def _bound_name(site, sub: str, parameters: list[str]) -> str | None:
+    """The name of a positional input as if passed by keyword (``model[0]`` -> ``model[input_ids]``),
+    so that a call with keywords pairs with one by position (Record.pair_key); None for a
+    keyword input or one past the named parameters."""
+    first, _, rest = sub.partition(".")
+    if not first.isdigit() or int(first) >= len(parameters):
+        return None
+    return site.name(parameters[int(first)] + (f".{rest}" if rest else ""))
 
 
 def _batch_size(args: tuple, kwargs: dict) -> int | None:

@@ -9,6 +9,7 @@ Examples:
 
 from __future__ import annotations
 
+import inspect
 import weakref
 from collections.abc import Callable, Iterator
 
@@ -46,6 +47,28 @@ def flatten_call_inputs(args: tuple, kwargs: dict) -> Iterator[tuple[str, torch.
         yield from flatten_tensors(arg, _POSITIONS[i] if i < len(_POSITIONS) else str(i))
     for key, arg in kwargs.items():
         yield from flatten_tensors(arg, key)
+
+
+def positional_parameters(module, count: int) -> list[str]:
+    """The names of the first ``count`` parameters of ``module``'s forward that a positional
+    argument binds to (stopping at ``*args``); [] where its signature cannot be read."""
+    names = _positional_names.get(type(module))
+    if names is None:
+        try:   # the class's forward: capture may wrap the instance's (model=) in a (*args, **kwargs)
+            signature = inspect.signature(type(module).forward)
+        except (TypeError, ValueError, AttributeError):
+            signature = None
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        names = []
+        for parameter in list(signature.parameters.values())[1:] if signature is not None else ():   # after self
+            if parameter.kind not in kinds:
+                break
+            names.append(parameter.name)
+        _positional_names[type(module)] = names
+    return names[:count]
+
+
+_positional_names: dict[type, list[str]] = {}
 
 
 def replace_call_inputs(args: tuple, kwargs: dict, new: Callable[[str, torch.Tensor], torch.Tensor]):

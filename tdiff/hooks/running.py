@@ -30,10 +30,11 @@ if TYPE_CHECKING:
 class Frame:
     """One module call running in this thread."""
 
-    __slots__ = ("module", "path", "call", "annotator", "layer", "compiled", "tracer")
+    __slots__ = ("module", "path", "call", "annotator", "layer", "compiled", "tracer", "layout")
 
-    def __init__(self, module, path, call, annotator, layer, compiled=False, tracer=None):
+    def __init__(self, module, path, call, annotator, layer, compiled=False, tracer=None, layout=None):
         self.module, self.path, self.call = module, path, call
+        self.layout: str | None = layout   # "seq-first" / "batch-first", as its module declares (declared_layout)
         self.annotator = annotator   # the framework whose annotator describes this call's records
         self.layer = layer           # the decoder layer this call belongs to (tdiff.vocab.paths.call_layer)
         self.compiled = compiled     # a torch.compile'd module: what it calls runs as compiled code

@@ -173,6 +173,10 @@ def render_token_alignment(alignment: TokenAlignment, console: Console) -> None:
         console.print(f"  ... and {len(alignment.partings) - 4} more sequence pairs that part; --json lists them")
     if alignment.uncompared.count:
         console.print(f"  [yellow]not compared[/yellow]: {escape(alignment.uncompared.note())}")
+    if alignment.one_sided_inputs:
+        names = ", ".join(f"{escape(name)} ({side})" for name, side in alignment.one_sided_inputs[:6])
+        more = f" and {len(alignment.one_sided_inputs) - 6} more" if len(alignment.one_sided_inputs) > 6 else ""
+        console.print(f"  inputs one run alone passes, not compared (not a divergence): {names}{more}")
     if alignment.not_aligned:
         names = ", ".join(escape(name) for name, _ in alignment.not_aligned[:6])
         more = f" and {len(alignment.not_aligned) - 6} more" if len(alignment.not_aligned) > 6 else ""

@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from tdiff.errors import DumpError
 
 PADDING = -1   # the sequence index of a grid cell that holds no token
+# how a framework's activations lay out a [batch, seq] grid, where its modules declare nothing
+# (attrs "layout"): Megatron's are [seq, batch, ...], transformers' [batch, seq, ...]
+FRAMEWORK_LAYOUTS = {"megatron": "seq-first", "transformers": "batch-first", "sglang": "batch-first"}
 
 
 @dataclass(frozen=True)

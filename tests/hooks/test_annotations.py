@@ -30,8 +30,10 @@ def test_every_module_record_names_the_package_of_its_class(tmp_path):
         model(torch.tensor([[1, 2, 3]]))
         tdiff.dump("extra", torch.ones(2))
     records = records_by_name(tmp_path / "d")
-    assert records[("model.layers.0", "output")].attrs == {"framework": "transformers"}
-    assert records[("model.layers.0.mlp.down_proj", "output")].attrs == {"framework": "torch"}
+    assert records[("model.layers.0", "output")].attrs["framework"] == "transformers"
+    # a torch module inside a transformers model: read batch-first, as its model is (issue 27 §5)
+    assert records[("model.layers.0.mlp.down_proj", "output")].attrs == {
+        "framework": "torch", "state": ["weight"], "layout": "batch-first"}
     assert records[("extra", "explicit")].attrs == {}
 
 
@@ -55,7 +57,7 @@ def test_an_annotator_describes_its_frameworks_modules_and_the_torch_modules_ins
         Outer()(torch.ones(4, 3))
     records = records_by_name(tmp_path / "d")
     assert records[("inner", "output")].attrs == {"framework": "torch", "parallel": {"tp": [0, 1]},
-                                                  "shape_seen": [4, 2]}
+                                                  "shape_seen": [4, 2], "state": ["weight", "bias"]}
     assert records[("(model)[0]", "input")].attrs["framework"] == "tests"
     assert ("Linear", "inner", "output", "") in seen
 
@@ -69,7 +71,8 @@ def test_a_failing_annotator_never_breaks_the_captured_program(tmp_path, monkeyp
         out = Outer()(torch.ones(4, 3))
     assert out.shape == (4, 2)
     assert "the tests annotator failed (RuntimeError: boom)" in capsys.readouterr().err
-    assert records_by_name(tmp_path / "d")[("inner", "output")].attrs == {"framework": "torch"}
+    assert records_by_name(tmp_path / "d")[("inner", "output")].attrs == {"framework": "torch",
+                                                                          "state": ["weight", "bias"]}
 
 
 def test_an_annotator_registered_during_a_capture_describes_the_records_from_then_on(tmp_path, monkeypatch):
@@ -82,5 +85,5 @@ def test_an_annotator_registered_during_a_capture_describes_the_records_from_the
         annotations.register("tests", lambda module, path, role, sub, tensor: {"parallel": {"tp": [0, 1]}})
         model(torch.ones(4, 3))
     attrs = {(r.step, r.name, r.role): r.attrs for r in open_dump(tmp_path / "d").records}
-    assert attrs[(0, "inner", "output")] == {"framework": "torch"}
-    assert attrs[(1, "inner", "output")] == {"framework": "torch", "parallel": {"tp": [0, 1]}}
+    assert attrs[(0, "inner", "output")] == {"framework": "torch", "state": ["weight", "bias"]}
+    assert attrs[(1, "inner", "output")] == {"framework": "torch", "state": ["weight", "bias"], "parallel": {"tp": [0, 1]}}

@@ -10,7 +10,10 @@ of each row, for the verdict per token.
 
 - A position one run has and the other lacks (the last sampled token is never fed to the
   engine) is one-sided: listed, not compared, not a divergence by itself.
-- A boundary one run lacks at every step is a one-sided pair: a divergence.
+- A boundary one run lacks at every step is a one-sided pair: a divergence. Within one framework,
+  a module input only one run passes (an engine's ``position_ids``, a trainer's
+  ``attention_mask``) is listed as one-sided instead, not a divergence by itself: the runs are
+  called differently by design. A one-sided output, module or explicit dump still diverges.
 - A boundary whose tensors have no row per token (an attention mask, a decode step's
   cache position) is listed as not token-aligned and not compared.
 """
@@ -140,6 +143,7 @@ class TokenAlignment:
     not_aligned: list[tuple[str, str]] = field(default_factory=list)
     partly: list[tuple[str, str]] = field(default_factory=list)   # compared at the steps whose rows are tokens
     uncompared: Uncompared = field(default_factory=Uncompared)
+    one_sided_inputs: list[tuple[str, str]] = field(default_factory=list)   # (name, "A" or "B"): passed by one run only
     boundaries: Alignment | None = None
 
     @property
@@ -158,7 +162,8 @@ class TokenAlignment:
                "not_aligned": [{"name": n, "reason": r} for n, r in self.not_aligned],
                "partly_aligned": [{"name": n, "reason": r} for n, r in self.partly],
                "uncompared": self.uncompared.to_json(),
-               "parted": [p.to_json() for p in self.partings]}
+               "parted": [p.to_json() for p in self.partings],
+               "one_sided_inputs": [{"name": n, "side": side} for n, side in self.one_sided_inputs]}
         if self.boundaries is not None:
             out["boundaries"] = self.boundaries.to_json()
         return out
@@ -212,6 +217,9 @@ class TokenPairing:
         for group in _groups(base_pairs, by_role=not isinstance(self.base, CanonicalPairing)):
             units_a, units_b = group.units
             if not units_a or not units_b:
+                if not isinstance(self.base, CanonicalPairing) and _inputs_only(units_a or units_b):
+                    alignment.one_sided_inputs.append((group.name, "A" if units_a else "B"))
+                    continue
                 pairs.append(Pair(group.name, _joined(units_a), _joined(units_b), kind=group.kind, note=group.note))
                 continue
             try:
@@ -247,6 +255,10 @@ def _groups(base_pairs: list[Pair], *, by_role: bool) -> list[_Group]:
             group.units[which].append(_Unit(side, record.step, record.rank))
             group.note = group.note or pair.note
     return list(groups.values())
+
+
+def _inputs_only(units: list[_Unit]) -> bool:
+    return all(record.role == "input" for unit in units for record in unit.side.records)
 
 
 def _joined(units: list[_Unit]) -> Side | None:

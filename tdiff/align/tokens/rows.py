@@ -24,7 +24,7 @@ import torch
 from tdiff.align.tokens.sequences import SequenceIndex
 from tdiff.errors import TdiffError
 from tdiff.store import Record
-from tdiff.store.tokens import PADDING, RowTokens, TokenBatch
+from tdiff.store.tokens import FRAMEWORK_LAYOUTS, PADDING, RowTokens, TokenBatch
 
 
 @dataclass(frozen=True)
@@ -149,9 +149,16 @@ def _last_rows(step: int, rank: int, mode: str, batch: TokenBatch, index: Sequen
 def _mode(record: Record, batch: TokenBatch) -> str | None:
     shape, grid = record.shape, batch.shape
     seq_major = len(grid) == 2 and tuple(shape[:2]) == (grid[1], grid[0])
-    if seq_major and record.attrs.get("framework") == "megatron":
-        return "seq-major"   # Megatron's activations are [seq, batch, ...] (even where seq == batch)
+    # what capture read of the module (its batch_first, its framework's); else the framework's
+    layout = record.attrs.get("layout") or FRAMEWORK_LAYOUTS.get(record.attrs.get("framework", ""))
+    if seq_major and layout == "seq-first":
+        return "seq-major"   # [seq, batch, ...] (even where seq == batch)
     if tuple(shape[:len(grid)]) == grid:
+        if seq_major and layout is None:   # a square grid: [batch, seq] and [seq, batch] read alike
+            raise TdiffError(
+                f"{record.name}: shape {list(shape)} may be [batch, seq] or [seq, batch] over step {record.step}'s "
+                f"square token grid {list(grid)}, and nothing declares which; declare it: give the module a "
+                "batch_first attribute (torch.nn's convention), or dump the value with tdiff.dump(..., positions=P)")
         return "grid"
     if seq_major:
         return "seq-major"

@@ -188,15 +188,13 @@ class Capture:
             self._claim = None
 
     def terminated(self, reason: str) -> None:
-        """The process is being ended by a signal (SIGTERM): the part ends as failed, since what
-        the process computed may be cut short. Between model calls, a process that recorded
-        nothing leaves no part, and a forked child (a pool's idle worker, which its pool ends so)
-        leaves its part settled: all it recorded is there."""
-        if not self.running.busy() and (self.part.opened is None or self.part.forked):
-            if active_capture() is self:
-                set_active(None)
-            return
-        self.stop(reason)
+        """SIGTERM: the part ends as failed (what the process computed may be cut short), except
+        between model calls where nothing was recorded (no part), or in a forked child (a pool's
+        idle worker, which its pool ends so: its part is settled, all it recorded there)."""
+        if self.running.busy() or (self.part.opened is not None and not self.part.forked):
+            self.stop(reason)
+        elif active_capture() is self:
+            set_active(None)
 
     def __enter__(self) -> Self:
         return self.start()
@@ -264,14 +262,15 @@ class Capture:
 
     def module_call(self, module, invoke, args, kwargs):
         output = self._outside_ops(self._module_call, module, invoke, args, kwargs)
-        if self.part.forked and not self._stack:
-            self._settle()
+        self._settle_if_outermost()
         return output
 
-    def _settle(self) -> None:
-        """A forked child's outermost call or dump has returned: its records go to disk now."""
-        self._summaries.flush()
-        self.part.settle(self.notes)
+    def _settle_if_outermost(self) -> None:
+        """In a forked child, once an outermost call or a dump outside one returns, what it
+        recorded goes to disk (tdiff.hooks.part)."""
+        if self.part.forked and not self._stack:
+            self._summaries.flush()
+            self.part.settle(self.notes)
 
     def _module_call(self, module, invoke, args, kwargs):
         thread = self.running.thread()
@@ -417,8 +416,7 @@ class Capture:
 
     def dump(self, name: str, value, positions=None, seq_ids=None) -> None:
         self._outside_ops(self._dump, name, value, positions, seq_ids)
-        if self.part.forked and not self._stack:
-            self._settle()
+        self._settle_if_outermost()
 
     def _dump(self, name: str, value, positions=None, seq_ids=None) -> None:
         thread = self.running.thread()
@@ -687,15 +685,6 @@ def _install_call_hook() -> None:
     if _original_call is None:
         _original_call = torch.nn.Module.__call__
         torch.nn.Module.__call__ = _tdiff_module_call  # type: ignore[method-assign]  # the capture hook
-
-
-def _after_fork_in_child() -> None:
-    capture = active_capture()
-    if capture is not None:
-        capture.after_fork_in_child()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @functools.cache

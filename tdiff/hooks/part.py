@@ -16,9 +16,11 @@ notes; a part cut short in the middle of a call has records after it, or none, a
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Sequence
 
+from tdiff.hooks.active import active_capture
 from tdiff.store.writer import DumpWriter
 
 
@@ -85,3 +87,12 @@ class ProcessPart:
         self._lock = threading.Lock()
         self._settled = False
         self.forked = True
+
+
+def _after_fork_in_child() -> None:
+    capture = active_capture()
+    if capture is not None:
+        capture.after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -10,7 +10,7 @@ from tdiff.compare import compare_dumps
 from tdiff.errors import DumpError
 from tdiff.report.console import summary_line
 from tdiff.store import open_dump
-from tests.helpers import python_script, tdiff_process
+from tests.helpers import python_script, tdiff_cli, tdiff_process
 
 MODEL = """
 import os, sys
@@ -69,6 +69,8 @@ def test_a_forked_child_that_runs_the_model_and_ends_in_os_exit_keeps_its_record
     report = compare_dumps(a, b)
     assert report.status == "match", summary_line(report)
     assert report.counts()["compared"] == len(a.records)
+    verdict = tdiff_cli("compare", tmp_path / "a", tmp_path / "b", expect=0)
+    assert "ended without an end line" in " ".join(verdict.output.split())
 
 
 def test_a_forked_child_that_ends_through_sys_exit_ends_its_part(tmp_path):

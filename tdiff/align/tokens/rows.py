@@ -154,7 +154,8 @@ def _mode(record: Record, batch: TokenBatch) -> str | None:
     if seq_major and layout == "seq-first":
         return "seq-major"   # [seq, batch, ...] (even where seq == batch)
     if tuple(shape[:len(grid)]) == grid:
-        if seq_major and layout is None:   # a square grid: [batch, seq] and [seq, batch] read alike
+        # a square grid of more than one token: [batch, seq] and [seq, batch] read alike but differ
+        if seq_major and layout is None and grid[0] > 1:
             raise TdiffError(
                 f"{record.name}: shape {list(shape)} may be [batch, seq] or [seq, batch] over step {record.step}'s "
                 f"square token grid {list(grid)}, and nothing declares which; declare it: give the module a "

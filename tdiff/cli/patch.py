@@ -11,8 +11,8 @@ from pathlib import Path
 
 import click
 
-from tdiff.cli.options import (batch_row_option, capture_selection_options, check_capture_selection, json_option,
-                               quiet_option, tolerance_from, tolerance_options, workdir_option)
+from tdiff.cli.options import (batch_row_option, capture_selection_options, check_capture_selection, jobs_option,
+                               json_option, quiet_option, tolerance_from, tolerance_options, workdir_option)
 from tdiff.errors import TdiffError
 
 _RUN = {"ignore_unknown_options": True, "allow_interspersed_args": False}
@@ -106,9 +106,10 @@ def check(config, as_json, quiet):
 @tolerance_options
 @json_option
 @quiet_option
+@jobs_option
 @click.argument("command_b", nargs=-1, required=True, type=click.UNPROCESSED)
 def try_(candidates, baseline, work, select, exclude, layers, steps, batch_row, rerun_baseline, exact, atol,
-         rtol, as_json, quiet, command_b):
+         rtol, as_json, quiet, jobs, command_b):
     """Run COMMAND_B once unpatched and once per candidate; rank the candidates against DUMP_A.
 
     \b
@@ -139,7 +140,7 @@ def try_(candidates, baseline, work, select, exclude, layers, steps, batch_row, 
     report = try_candidates(chosen, baseline, list(command_b), workdir=work, tolerance=tolerance,
                             selection=CaptureSelection(list(select), list(exclude), layers, steps, batch_row),
                             baseline_command=shlex.split(rerun_baseline) if rerun_baseline else None,
-                            progress=progress)
+                            progress=progress, jobs=jobs)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=1))
     else:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from tdiff.cli.options import (allow_incomplete_option, dumps_from, layer_option, mapping_option, quiet_option,
-                               tolerance_from, tolerance_options)
+from tdiff.cli.options import (allow_incomplete_option, dumps_from, jobs_option, layer_option, mapping_option,
+                               quiet_option, tolerance_from, tolerance_options)
 from tdiff.errors import TdiffError
 
 
@@ -31,8 +31,9 @@ from tdiff.errors import TdiffError
 @allow_incomplete_option()
 @mapping_option
 @quiet_option
+@jobs_option
 def report(dump_a, dump_b, fmt, out, layer, with_bisect, patch_results, gh_comment, exact, atol, rtol,
-           allow_incomplete, mapping, quiet):
+           allow_incomplete, mapping, quiet, jobs):
     """Write a report of dumps A and B: the first divergence, error per layer and boundary,
     log-prob parity per token (runs aligned by token), the environment, and optionally bisect
     and patch-trial results.
@@ -65,7 +66,7 @@ def report(dump_a, dump_b, fmt, out, layer, with_bisect, patch_results, gh_comme
     a, b, pairing = dumps_from(dump_a, dump_b, allow_incomplete, mapping)
     with progress_bar("comparing", quiet=quiet) as advance:
         compared = compare_dumps(a, b, CompareOptions(tolerance=tolerance, layer=layer),
-                                 pairing=pairing, progress=advance)
+                                 pairing=pairing, progress=advance, jobs=jobs)
     bisected = bisect_dumps(a, b, tolerance=tolerance, pairing=pairing) if with_bisect else None
     with progress_bar("writing the report", quiet=quiet):
         result = build_report(compared, bisect=bisected, patch_results=patches)

@@ -11,8 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from tdiff.compare.distributed import map_over_processes, torchrun_world
 from tdiff.compare.metrics import EXACT, ReportedMetrics, TensorMetrics, Tolerance, compare_tensors, json_number
 from tdiff.compare.pairing import NameFilter, NamePairing, Pair, Pairing, Side
+from tdiff.compare.parallel import map_in_order, map_until_error
 from tdiff.compare.result import CompareResult, DumpSide, TensorVerdict, status_counts
 from tdiff.compare.tokens import TokenVerdict, token_verdict
 from tdiff.errors import TdiffError
@@ -125,7 +127,9 @@ def _dump_side(dump: Dump) -> DumpSide:
 
 def compare_dumps(a: Dump, b: Dump, options: CompareOptions | None = None, *,
                   pairing: Pairing | None = None,
-                  progress: Callable[[int, int], None] | None = None) -> CompareReport:
+                  progress: Callable[[int, int], None] | None = None, jobs: int = 1) -> CompareReport:
+    """Every pair of A and B measured; ``jobs`` pairs at a time (tdiff.compare.parallel), and under
+    torchrun split over its processes (tdiff.compare.distributed): the report is the same."""
     options = options or CompareOptions()
     pairing = pairing or NamePairing()
     names = NameFilter.of(options.select, options.exclude)
@@ -133,16 +137,20 @@ def compare_dumps(a: Dump, b: Dump, options: CompareOptions | None = None, *,
     pairs = [p for p in paired if _wanted(p, options, names)]
     if not pairs:
         raise TdiffError(_nothing_to_compare(options, names))
-    comparator = PairComparator(a, b, options.tolerance)
-    comparisons = []
-    # one pair at a time, in this thread: two threads measured slower (the hashing holds the GIL;
-    # docs/PERFORMANCE.md section 2), and memory stays that of the largest pair
-    for done, pair in enumerate(pairs, 1):
-        comparisons.append(comparator.compare(pair))
-        if progress is not None:
-            progress(done, len(pairs))
+    comparisons = _compare_all(PairComparator(a, b, options.tolerance), pairs, jobs, progress)
     return CompareReport(a, b, options, comparisons, pairing, getattr(pairing, "alignment", None),
                          left_out=len(paired) - len(pairs))
+
+
+def _compare_all(comparator: PairComparator, pairs: list[Pair], jobs: int,
+                 progress: Callable[[int, int], None] | None) -> list[Comparison]:
+    world = torchrun_world()
+    if world is None:
+        return map_in_order(comparator.compare, pairs, jobs=jobs, group_of=comparator.cache_key, progress=progress)
+    return map_over_processes(
+        lambda share: map_until_error(comparator.compare, [pairs[i] for i in share], jobs=jobs,
+                                      group_of=comparator.cache_key),
+        pairs, owner_key=lambda pair: pair.record.rank, world=world)
 
 
 def pair_layer(name: str, kind: str | None, record: Record) -> int | None:
@@ -186,7 +194,7 @@ class PairComparator:
                                     reason=f"shape {list(ra.shape)} vs {list(rb.shape)}")
             if not (ra.has_data and rb.has_data):
                 return self._compare_fingerprints(pair)
-        cache_key = self._cache_key(pair)
+        cache_key = self.cache_key(pair)
         if cache_key in self._measured:
             return self._result(pair, *self._measured[cache_key])
         ta, tb = self._load(pair.a, 0), self._load(pair.b, 1)
@@ -212,8 +220,9 @@ class PairComparator:
         return side.load() if side.load is not None else self.dumps[which].load(side.record)
 
     @staticmethod
-    def _cache_key(pair: Pair) -> tuple | None:
-        if pair.a.load is not None or pair.b.load is not None or len(pair.a.records) + len(pair.b.records) != 2:
+    def cache_key(pair: Pair) -> tuple | None:
+        """What a pair's verdict is remembered by: its two stored tensors (None: not remembered)."""
+        if pair.a is None or pair.b is None or pair.a.load is not None or pair.b.load is not None or len(pair.a.records) + len(pair.b.records) != 2:
             return None
         ra, rb = pair.a.record, pair.b.record
         return (ra.file, ra.key, ra.dtype, ra.shape, rb.file, rb.key, rb.dtype, rb.shape)

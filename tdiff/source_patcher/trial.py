@@ -138,13 +138,13 @@ class CaptureSelection:
 def try_candidates(candidates: list[Candidate], baseline: str | Path, command: list[str], *,
                    workdir: str | Path | None = None, tolerance: Tolerance = EXACT,
                    selection: CaptureSelection | None = None, baseline_command: list[str] | None = None,
-                   progress: Callable[[TrialResult, int, int], None] | None = None) -> TrialReport:
+                   progress: Callable[[TrialResult, int, int], None] | None = None, jobs: int = 1) -> TrialReport:
     """Run ``command`` unpatched and under each candidate; compare every run with ``baseline``.
 
     With ``baseline_command``, side A is captured again under each candidate too, and each
     candidate's run of B is compared with that: for fixes both sides must share (batch
     invariance: the same op overrides on the lone sequence and on the batch). The control still
-    compares with ``baseline``.
+    compares with ``baseline``. ``jobs``: pairs of tensors compared at once (compare_dumps).
     """
     if not candidates:
         raise TdiffError("no candidates to try")
@@ -154,7 +154,7 @@ def try_candidates(candidates: list[Candidate], baseline: str | Path, command: l
     base = open_dump(baseline)
     work = _workdir(workdir)
     runner = _Runner(base, list(command), work, tolerance, selection or CaptureSelection(),
-                     list(baseline_command) if baseline_command else None)
+                     list(baseline_command) if baseline_command else None, jobs)
     total = len(candidates) + 1
     control = runner.run(0, CONTROL, [])
     if progress is not None:
@@ -198,8 +198,8 @@ def _workdir(workdir: str | Path | None) -> Path:
 
 class _Runner:
     def __init__(self, baseline: Dump, command: list[str], workdir: Path, tolerance: Tolerance,
-                 selection: CaptureSelection, baseline_command: list[str] | None):
-        self.baseline, self.command, self.workdir = baseline, command, workdir
+                 selection: CaptureSelection, baseline_command: list[str] | None, jobs: int):
+        self.baseline, self.command, self.workdir, self.jobs = baseline, command, workdir, jobs
         self.tolerance, self.selection, self.baseline_command = tolerance, selection, baseline_command
 
     def run(self, index: int, name: str, patches: list) -> TrialResult:
@@ -227,7 +227,7 @@ class _Runner:
         try:
             dump = open_dump(out)
             report = compare_dumps(baseline, dump, CompareOptions(tolerance=self.tolerance),
-                                   pairing=choose_pairing(baseline, dump))
+                                   pairing=choose_pairing(baseline, dump), jobs=self.jobs)
         except DumpError as exc:
             result.reason = str(exc)
             return result

@@ -16,7 +16,7 @@ class _Hash128(ctypes.Structure):
     _fields_ = [("low64", ctypes.c_uint64), ("high64", ctypes.c_uint64)]
 
 
-_lib = ctypes.CDLL(importlib.util.find_spec("xxhash._xxhash").origin)  # type: ignore[union-attr, arg-type]
+_lib = ctypes.CDLL(importlib.util.find_spec("xxhash._xxhash").origin)  # type: ignore[union-attr]
 _lib.XXH3_createState.restype = ctypes.c_void_p
 _lib.XXH3_freeState.argtypes = [ctypes.c_void_p]
 _lib.XXH3_128bits_reset.argtypes = [ctypes.c_void_p]

@@ -67,7 +67,7 @@ def report(dump_a, dump_b, fmt, out, layer, with_bisect, patch_results, gh_comme
     with progress_bar("comparing", quiet=quiet) as advance:
         compared = compare_dumps(a, b, CompareOptions(tolerance=tolerance, layer=layer),
                                  pairing=pairing, progress=advance, jobs=jobs)
-    bisected = bisect_dumps(a, b, tolerance=tolerance, pairing=pairing) if with_bisect else None
+    bisected = bisect_dumps(a, b, tolerance=tolerance, pairing=pairing, jobs=jobs) if with_bisect else None
     with progress_bar("writing the report", quiet=quiet):
         result = build_report(compared, bisect=bisected, patch_results=patches)
         text = _render(result, fmt, gh_comment)

@@ -19,6 +19,7 @@ from tdiff.compare.result import CompareResult, DumpSide, TensorVerdict, status_
 from tdiff.compare.tokens import TokenVerdict, token_verdict
 from tdiff.errors import TdiffError
 from tdiff.store import Dump, Record
+from tdiff.store.dtypes import stored_nbytes
 from tdiff.store.fingerprint import fingerprint_algorithm, fingerprint_as
 from tdiff.vocab.kinds import record_kind
 from tdiff.vocab.paths import layer_of, record_layer
@@ -145,12 +146,21 @@ def compare_dumps(a: Dump, b: Dump, options: CompareOptions | None = None, *,
 def _compare_all(comparator: PairComparator, pairs: list[Pair], jobs: int,
                  progress: Callable[[int, int], None] | None) -> list[Comparison]:
     world = torchrun_world()
+    # threads measure pairs at once while their bytes stay within the largest pair + 512 MB
+    memory = max(map(_pair_bytes, pairs)) + (512 << 20)
     if world is None:
-        return map_in_order(comparator.compare, pairs, jobs=jobs, group_of=comparator.cache_key, progress=progress)
+        return map_in_order(comparator.compare, pairs, jobs=jobs, group_of=comparator.cache_key,
+                            weight_of=_pair_bytes, memory=memory, progress=progress)
     return map_over_processes(
         lambda share: map_until_error(comparator.compare, [pairs[i] for i in share], jobs=jobs,
-                                      group_of=comparator.cache_key),
+                                      group_of=comparator.cache_key, weight_of=_pair_bytes, memory=memory),
         pairs, owner_key=lambda pair: pair.record.rank, world=world)
+
+
+def _pair_bytes(pair: Pair) -> int:
+    """The bytes of a pair's stored tensors (what measuring it holds in memory)."""
+    sides = [side for side in (pair.a, pair.b) if side is not None]
+    return sum(stored_nbytes(r.dtype, r.shape) for side in sides for r in side.records if r.has_data)
 
 
 def pair_layer(name: str, kind: str | None, record: Record) -> int | None:

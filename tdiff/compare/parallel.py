@@ -1,19 +1,21 @@
 """Comparing many pairs on several threads, the results in the pairs' order.
 
 Loading, the fingerprint check and the metrics of one pair run on one thread; pairs run on up to
-``jobs`` threads at once. numpy's passes and reading the mapped pages release the GIL, so threads
-overlap them; the XXH3 check of a loaded tensor does not (docs/PERFORMANCE.md section 2).
+``jobs`` threads at once. numpy's passes, reading the mapped pages and the XXH3 check of a loaded
+tensor (tdiff.store.xxh3) release the GIL, so threads overlap them.
 
 What a run returns does not depend on ``jobs``: results come back in the pairs' order, a pair's
 error is raised where a one-thread run would have raised it (the earliest failing pair; the pairs
 after it are abandoned), and pairs of one group (records of one stored tensor, whose verdict is
 measured once and remembered) run one after another on one thread, so each group is measured once.
-Memory: at most ``2 * jobs`` groups are in flight, each holding one pair's tensors while measured.
+Memory: a group holds its pair's tensors only while it runs, and groups start only while the
+bytes of those running (``weight_of``) stay within ``memory`` (one group alone always may), so
+memory stays that of the largest pair plus ``memory``'s headroom, whatever ``jobs`` is.
 """
 
 from __future__ import annotations
 
-import os
+import threading
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Generic, TypeVar
@@ -22,9 +24,24 @@ Item = TypeVar("Item")
 Result = TypeVar("Result")
 
 
-def available_cores() -> int:
-    """The cores this process may run on (its CPU affinity, as taskset and cgroups set it)."""
-    return len(os.sched_getaffinity(0))
+class _Budget:
+    """Bytes that running groups may hold at once; a group larger than all of it runs alone."""
+
+    def __init__(self, limit: int):
+        self.limit, self.held = limit, 0
+        self._changed = threading.Condition()
+
+    def take(self, nbytes: int) -> int:
+        nbytes = min(nbytes, self.limit)
+        with self._changed:
+            self._changed.wait_for(lambda: self.held + nbytes <= self.limit)
+            self.held += nbytes
+        return nbytes
+
+    def give_back(self, nbytes: int) -> None:
+        with self._changed:
+            self.held -= nbytes
+            self._changed.notify_all()
 
 
 class _Failed:
@@ -53,10 +70,12 @@ class _Groups(Generic[Item]):
 
 def map_in_order(work: Callable[[Item], Result], items: Sequence[Item], *, jobs: int,
                  group_of: Callable[[Item], Hashable | None] = lambda item: None,
+                 weight_of: Callable[[Item], int] = lambda item: 0, memory: int = 0,
                  progress: Callable[[int, int], None] | None = None) -> list[Result]:
     """``[work(item) for item in items]`` on up to ``jobs`` threads, as said above; ``progress(done,
     total)`` is called on the calling thread as results are handed out, in order."""
-    results, error = map_until_error(work, items, jobs=jobs, group_of=group_of, progress=progress)
+    results, error = map_until_error(work, items, jobs=jobs, group_of=group_of, weight_of=weight_of,
+                                     memory=memory, progress=progress)
     if error is not None:
         raise error
     return results
@@ -64,6 +83,7 @@ def map_in_order(work: Callable[[Item], Result], items: Sequence[Item], *, jobs:
 
 def map_until_error(work: Callable[[Item], Result], items: Sequence[Item], *, jobs: int,
                     group_of: Callable[[Item], Hashable | None] = lambda item: None,
+                    weight_of: Callable[[Item], int] = lambda item: 0, memory: int = 0,
                     progress: Callable[[int, int], None] | None = None
                     ) -> tuple[list[Result], Exception | None]:
     """:func:`map_in_order`'s results up to the first item whose work raised, and that error
@@ -83,15 +103,20 @@ def map_until_error(work: Callable[[Item], Result], items: Sequence[Item], *, jo
         return results, None
 
     groups = _Groups(items, group_of)
+    budget = _Budget(memory)
 
     def run_group(group: int) -> list:
         done: list = []
-        for index in groups.members[group]:
-            try:
-                done.append(work(items[index]))
-            except Exception as exc:  # noqa: BLE001 - raised on the calling thread, in order
-                done.append(_Failed(exc))
-                break
+        held = budget.take(max(weight_of(items[index]) for index in groups.members[group]))
+        try:
+            for index in groups.members[group]:
+                try:
+                    done.append(work(items[index]))
+                except Exception as exc:  # noqa: BLE001 - raised on the calling thread, in order
+                    done.append(_Failed(exc))
+                    break
+        finally:
+            budget.give_back(held)
         return done
 
     futures: dict[int, Future] = {}

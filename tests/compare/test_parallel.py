@@ -4,6 +4,7 @@ JSON byte for byte, and the same error at the same pair."""
 import json
 import os
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -91,22 +92,36 @@ def test_a_corrupted_tensor_is_refused_with_the_one_thread_error(tmp_path):
     assert errors[0] == errors[1]
 
 
-@given(failing=st.sets(st.integers(0, 39), max_size=4), groups=st.lists(st.integers(0, 5), min_size=40,
-                                                                        max_size=40), jobs=st.integers(1, 6))
-def test_map_in_order_is_the_list_comprehension_and_raises_its_first_error(failing, groups, jobs):
+@given(failing=st.sets(st.integers(0, 39), max_size=4), groups=st.lists(st.integers(0, 5), min_size=40, max_size=40),
+       jobs=st.integers(1, 6), weights=st.lists(st.integers(0, 10), min_size=40, max_size=40), memory=st.integers(0, 25))
+def test_map_in_order_is_the_list_comprehension_and_raises_its_first_error(failing, groups, jobs, weights, memory):
+    running, most = [], [0]
+    lock = threading.Lock()
+
     def work(index):
+        with lock:
+            running.append(index)
+            held = sum(min(weights[i], memory) for i in running)
+            most[0] = max(most[0], held if len(running) > 1 else 0)
+        try:
+            return measured(index)
+        finally:
+            with lock:
+                running.remove(index)
+
+    def measured(index):
         if index in failing:
             raise ValueError(index)
         return index * index
 
     done = []
     try:
-        expected = [work(i) for i in range(40)]
+        expected = [measured(i) for i in range(40)]
     except ValueError as exc:
         expected = exc
     try:
         got = map_in_order(work, range(40), jobs=jobs, group_of=lambda i: groups[i] or None,
-                           progress=lambda d, t: done.append(d))
+                           weight_of=weights.__getitem__, memory=memory, progress=lambda d, t: done.append(d))
     except ValueError as exc:
         got = exc
     if isinstance(expected, ValueError):
@@ -114,3 +129,4 @@ def test_map_in_order_is_the_list_comprehension_and_raises_its_first_error(faili
         assert done == list(range(1, expected.args[0] + 1))
     else:
         assert got == expected and done == list(range(1, 41))
+    assert most[0] <= memory   # pairs run together only within the memory they were given

@@ -8,6 +8,8 @@ boundary found on one side only is either one the other framework does not expos
 
 from __future__ import annotations
 
+import bisect
+
 import functools
 import re
 from collections import Counter
@@ -49,11 +51,13 @@ class Alignment:
 
     a: SideAlignment
     b: SideAlignment
-    warnings: list[str] = field(default_factory=list)   # filled while tensors load (replicas)
+    # filled while tensors load (replicas); sorted, so that pairs loaded on several threads or
+    # processes (compare --jobs, torchrun) give the same list
+    warnings: list[str] = field(default_factory=list)
 
     def warn(self, message: str) -> None:
         if message not in self.warnings:
-            self.warnings.append(message)
+            bisect.insort(self.warnings, message)
 
     def to_json(self) -> dict:
         return {"a": self.a.to_json(), "b": self.b.to_json(), "warnings": self.warnings}

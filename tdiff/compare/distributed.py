@@ -61,12 +61,15 @@ def _process_group() -> Iterator[None]:
 
 def map_over_processes(work: Callable[[Sequence[int]], tuple[list[Result], Exception | None]],
                        items: Sequence[Item], *, owner_key: Callable[[Item], Hashable],
-                       world: tuple[int, int]) -> list[Result]:
+                       world: tuple[int, int], notes: Callable[[], list[str]] = list,
+                       take_note: Callable[[str], None] = lambda note: None) -> list[Result]:
     """``work(indices)`` run by each process on its share of ``items`` (the items of one owner key
     all go to one process; keys dealt round-robin in sorted order), the results of all gathered in
     the items' order on every process. ``work`` returns its results up to the first item that
     failed, and that error (tdiff.compare.parallel.map_until_error): the error of the earliest
-    failing item over all processes is raised on every process, as a one-process run raises it."""
+    failing item over all processes is raised on every process, as a one-process run raises it.
+    ``notes()`` (what the work wrote down beside its results: replica warnings) of every process
+    is handed to ``take_note`` on every process."""
     import torch.distributed as dist
 
     rank, size = world
@@ -74,17 +77,20 @@ def map_over_processes(work: Callable[[Sequence[int]], tuple[list[Result], Excep
     process_of = {key: position % size for position, key in enumerate(keys)}
     mine = [index for index, item in enumerate(items) if process_of[owner_key(item)] == rank]
     results, error = work(mine)
-    outcome = (mine, results, error)
+    outcome = (mine, results, error, notes())
     with _process_group():
         gathered: list = [None] * size
         dist.all_gather_object(gathered, outcome)
+    for *_, written in gathered:
+        for note in written:
+            take_note(note)
     return _merged(gathered, len(items))
 
 
 def _merged(gathered: list, total: int) -> list:
     results: list = [None] * total
     failures: list[tuple[int, BaseException]] = []
-    for indices, done, error in gathered:
+    for indices, done, error, _ in gathered:
         for index, result in zip(indices, done):
             results[index] = result
         if error is not None:

@@ -138,13 +138,14 @@ def compare_dumps(a: Dump, b: Dump, options: CompareOptions | None = None, *,
     pairs = [p for p in paired if _wanted(p, options, names)]
     if not pairs:
         raise TdiffError(_nothing_to_compare(options, names))
-    comparisons = _compare_all(PairComparator(a, b, options.tolerance), pairs, jobs, progress)
-    return CompareReport(a, b, options, comparisons, pairing, getattr(pairing, "alignment", None),
+    alignment = getattr(pairing, "alignment", None)
+    comparisons = _compare_all(PairComparator(a, b, options.tolerance), pairs, jobs, progress, alignment)
+    return CompareReport(a, b, options, comparisons, pairing, alignment,
                          left_out=len(paired) - len(pairs))
 
 
 def _compare_all(comparator: PairComparator, pairs: list[Pair], jobs: int,
-                 progress: Callable[[int, int], None] | None) -> list[Comparison]:
+                 progress: Callable[[int, int], None] | None, alignment) -> list[Comparison]:
     world = torchrun_world()
     # threads measure pairs at once while their bytes stay within the largest pair + 512 MB
     memory = max(map(_pair_bytes, pairs)) + (512 << 20)
@@ -154,7 +155,9 @@ def _compare_all(comparator: PairComparator, pairs: list[Pair], jobs: int,
     return map_over_processes(
         lambda share: map_until_error(comparator.compare, [pairs[i] for i in share], jobs=jobs,
                                       group_of=comparator.cache_key, weight_of=_pair_bytes, memory=memory),
-        pairs, owner_key=lambda pair: pair.record.rank, world=world)
+        pairs, owner_key=lambda pair: pair.record.rank, world=world,
+        # the replica checks of every process's loads, as one process would have warned
+        notes=lambda: list(getattr(alignment, "warnings", [])), take_note=getattr(alignment, "warn", lambda note: None))
 
 
 def _pair_bytes(pair: Pair) -> int:

@@ -173,10 +173,12 @@ def largest_pair_mb(a: Path, b: Path) -> float:
 def real_size(args) -> None:
     import shutil
 
+    from tdiff.store.manifest import DUMP_FILE
+
     batch, tokens = (8, 512) if args.full_size else (1, args.tokens)
     work = args.work / ("real-full" if args.full_size else "real-cpu")
     a, same, b = work / "a", work / "a-copy", work / "b"
-    if args.reuse and all((p / "dump.json").exists() for p in (a, same, b)):
+    if args.reuse and all((p / DUMP_FILE).exists() for p in (a, same, b)):
         print(f"reusing the dumps in {work}")
     else:
         model = qwen2_05b_model()

@@ -28,7 +28,9 @@ def torchrun_world() -> tuple[int, int] | None:
         rank = int(os.environ.get("RANK", "0"))
     except ValueError:
         return None
-    if world < 2 or "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
+    # torchrun's own variable, not only WORLD_SIZE: a shell inside a training job's launcher may
+    # export those, and a compare run there alone would wait for processes that never come
+    if world < 2 or "TORCHELASTIC_RUN_ID" not in os.environ or "MASTER_ADDR" not in os.environ:
         return None
     return rank, world
 

@@ -10,10 +10,20 @@ import pytest
 from click.testing import CliRunner
 
 from tdiff.cli import cli
+from tdiff.compare.distributed import torchrun_world
 from tests.compare.test_parallel import ranked_dump
 from tests.helpers import REPO
 
-pytestmark = pytest.mark.slow
+
+def test_only_torchrun_makes_a_compare_distributed(monkeypatch):
+    for name, value in {"WORLD_SIZE": "4", "RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    assert torchrun_world() is None   # a launcher's variables alone: compare alone, not waiting for peers
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
+    assert torchrun_world() == (1, 4)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert torchrun_world() is None
 
 
 def free_port() -> int:
@@ -37,6 +47,7 @@ def two_nodes(args: list[str], nproc_per_node: int = 2) -> list[subprocess.Compl
     return outputs
 
 
+@pytest.mark.slow
 def test_two_nodes_print_the_single_process_verdict_once(tmp_path):
     a = ranked_dump(tmp_path / "a")
     b = ranked_dump(tmp_path / "b", planted=(6, 1, 3))   # rank 6's pairs go to the second node
@@ -51,6 +62,7 @@ def test_two_nodes_print_the_single_process_verdict_once(tmp_path):
     assert first.stdout == table.stdout and second.stdout == ""
 
 
+@pytest.mark.slow
 def test_two_nodes_refuse_a_corrupted_dump_with_the_single_process_error(tmp_path):
     a, b = ranked_dump(tmp_path / "a"), ranked_dump(tmp_path / "b")
     shard = next((b / "data").iterdir())

@@ -12,6 +12,7 @@ import bisect
 
 import functools
 import re
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -44,6 +45,9 @@ class SideAlignment:
                 "unmapped": self.unmapped}
 
 
+_WARNING = threading.Lock()   # loads on several threads warn at once (compare --jobs)
+
+
 @dataclass
 class Alignment:
     """The report of a cross-framework pairing. ``not_exposed`` on side A lists boundaries that
@@ -56,8 +60,9 @@ class Alignment:
     warnings: list[str] = field(default_factory=list)
 
     def warn(self, message: str) -> None:
-        if message not in self.warnings:
-            bisect.insort(self.warnings, message)
+        with _WARNING:
+            if message not in self.warnings:
+                bisect.insort(self.warnings, message)
 
     def to_json(self) -> dict:
         return {"a": self.a.to_json(), "b": self.b.to_json(), "warnings": self.warnings}

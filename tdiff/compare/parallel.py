@@ -11,13 +11,19 @@ measured once and remembered) run one after another on one thread, so each group
 Memory: a group holds its pair's tensors only while it runs, and groups start only while the
 bytes of those running (``weight_of``) stay within ``memory`` (one group alone always may), so
 memory stays that of the largest pair plus ``memory``'s headroom, whatever ``jobs`` is.
+
+Torch runs on one thread meanwhile: the jobs are the parallelism. Its intra-op threads split each
+256 K-element chunk of the metrics, too little work to pay for waking them: on this project's
+2-core machine under load, a planted pair took 6 to 11 s with torch's 2 threads against 1.2 to
+1.6 s with one (docs/PERFORMANCE.md, issue 32).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Generic, TypeVar
 
 Item = TypeVar("Item")
@@ -90,6 +96,23 @@ def map_until_error(work: Callable[[Item], Result], items: Sequence[Item], *, jo
     (None when every item was done)."""
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, not {jobs}")
+    with _torch_on_one_thread():
+        return _map_until_error(work, items, jobs, group_of, weight_of, memory, progress)
+
+
+@contextmanager
+def _torch_on_one_thread() -> Iterator[None]:
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _map_until_error(work, items, jobs, group_of, weight_of, memory, progress):
     total = len(items)
     results: list = []
     if jobs == 1 or total < 2:

@@ -1,6 +1,7 @@
 """Compare speed and memory against SGLang's comparator on the same tensors (issue 7 target 2).
 
     python benchmarks/compare_speed.py [--tokens 256] [--rounds 3] [--large] [--work /tmp/tdiff-bench]
+    python benchmarks/compare_speed.py --real-size [--full-size] [--jobs 1,2] [--rounds 3]   # issue 32
 
 Both runs of the Qwen2-shaped model are dumped twice, once per tool in its own format: tdiff
 captures and SGLang's dumper (non_intrusive_mode="all", one .pt per tensor). Run B has a one-ULP
@@ -11,12 +12,22 @@ Printed: the whole `tdiff compare` process's wall time against SGLang's comparat
 in-process throughput of tdiff's comparison (dump bytes / s, against issue 18's 2 GB/s on both
 pairs), and tdiff's peak RSS against 3 x the largest tensor + 300 MB. --large repeats the tdiff
 measurements on a dump pair of >= 4 GB.
+
+--real-size (issue 32) measures instead a Qwen2-0.5B-shaped model (24 layers, hidden 896, vocab
+151936, bf16) in full mode: run B has layer 23's post-attention norm eps changed, so the last
+layer, the final norm and the logits differ. CPU-sized by default (one sequence of 256 tokens);
+--full-size is the issue's 8 x 512 tokens, 10.7 GB a dump (the GPU machine's 16 cores and 128
+GiB). Printed for each --jobs: `tdiff compare` on an identical pair (B is a copy of A) and on the
+planted pair, `tdiff bisect` on the planted pair, each as GB/s of the dump pair beside the
+issue's targets (its seconds on the 21.4 GB pair, as GB/s), peak RSS beside the largest tensor
+pair + 0.5 GB, and the machine's read bandwidth (numpy's sum and copy over a mapped shard).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -121,6 +132,88 @@ def report_tdiff(a: Path, b: Path, rounds: int, label: str) -> dict:
     return {"wall": median(walls), "rss": rss, "gbps": gbps}
 
 
+FULL_PAIR_GB = 21.44   # issue 32: two 10.72 GB dumps
+REAL_SIZE_TARGETS = {"compare identical": 2.0, "compare planted": 4.0, "bisect planted": 3.0}   # seconds
+MEMORY_HEADROOM_MB = 512
+
+
+def qwen2_05b_model():
+    """Qwen2-0.5B's shape (random weights, bf16): 24 layers, hidden 896, intermediate 4864, 14 heads
+    / 2 KV heads, vocab 151936, tied embeddings."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096,
+                         tie_word_embeddings=True, rms_norm_eps=1e-6)
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(config).to(torch.bfloat16).eval()
+
+
+def read_bandwidth(path: Path, rounds: int) -> tuple[float, float]:
+    """GB/s of numpy's sum and of its copy over the largest shard of a dump, mapped (one thread)."""
+    import numpy as np
+
+    shard = max((f for f in (path / "data").iterdir()), key=lambda f: f.stat().st_size)
+    data = np.memmap(shard, dtype=np.uint8, mode="r")
+    words = data[: data.size // 8 * 8].view(np.uint64)
+    out = np.empty_like(words)
+    sum_s = median(timed(lambda: words.sum()) for _ in range(rounds))
+    copy_s = median(timed(lambda: np.copyto(out, words)) for _ in range(rounds))
+    return words.nbytes / sum_s / 1e9, words.nbytes / copy_s / 1e9
+
+
+def largest_pair_mb(a: Path, b: Path) -> float:
+    from tdiff.store import open_dump
+    from tdiff.store.dtypes import stored_nbytes
+
+    sizes = [{r.pair_key: stored_nbytes(r.dtype, r.shape) for r in open_dump(p).records} for p in (a, b)]
+    return max(sizes[0][k] + sizes[1].get(k, 0) for k in sizes[0]) / 2**20
+
+
+def real_size(args) -> None:
+    import shutil
+
+    from tdiff.store.manifest import DUMP_FILE
+
+    batch, tokens = (8, 512) if args.full_size else (1, args.tokens)
+    work = args.work / ("real-full" if args.full_size else "real-cpu")
+    a, same, b = work / "a", work / "a-copy", work / "b"
+    if args.reuse and all((p / DUMP_FILE).exists() for p in (a, same, b)):
+        print(f"reusing the dumps in {work}")
+    else:
+        model = qwen2_05b_model()
+        ids = torch.randint(0, 151936, (batch, tokens), generator=torch.Generator().manual_seed(1))
+        capture_tdiff(model, ids, a)
+        model.model.layers[23].post_attention_layernorm.variance_epsilon = 0.5   # planted: eps 1e-6 -> 0.5, seen in bf16
+        capture_tdiff(model, ids, b)
+        shutil.rmtree(same, ignore_errors=True)
+        shutil.copytree(a, same)
+    pair_gb = (dir_bytes(a) + dir_bytes(b)) / 1e9
+    limit = largest_pair_mb(a, b) + MEMORY_HEADROOM_MB
+    sum_gbps, copy_gbps = read_bandwidth(a, args.rounds)
+    print(f"real-size compare, Qwen2-0.5B shape, bf16, full mode, {batch} x {tokens} tokens; {machine()}; "
+          f"{len(os.sched_getaffinity(0))} cores usable; medians of {args.rounds} runs, page cache warm")
+    print(f"dump pair {pair_gb:.2f} GB (the issue's: {FULL_PAIR_GB} GB); read bandwidth, one thread: "
+          f"numpy sum {sum_gbps:.2f} GB/s, copy {copy_gbps:.2f} GB/s")
+    print(f"{'command':<20} {'jobs':>4} {'wall':>8} {'GB/s':>7} {'target GB/s':>12} {'peak RSS':>10} {'limit':>9}")
+    cases = {"compare identical": (["compare", str(a), str(same)], 0),
+             "compare planted": (["compare", str(a), str(b)], 1),
+             "bisect planted": (["bisect", str(a), str(b)], 1)}
+    for jobs in args.jobs:
+        for label, (command, expected) in cases.items():
+            walls, rsses = [], []
+            for _ in range(args.rounds):
+                flag = ["--jobs", str(jobs)] if jobs else []   # 0: no flag, for code from before --jobs
+                wall, rss, code = measured([sys.executable, "-m", "tdiff", *command, "--json", *flag])
+                assert code == expected, f"{label}: exit {code}, expected {expected}"
+                walls.append(wall)
+                rsses.append(rss)
+            wall, rss = median(walls), max(rsses)
+            gbps, target = pair_gb / wall, FULL_PAIR_GB / REAL_SIZE_TARGETS[label]
+            print(f"{label:<20} {jobs:>4} {wall:7.2f}s {gbps:7.2f} {target:7.2f} {'met' if gbps >= target else 'MISSED':>4} "
+                  f"{rss:8.0f}MB {limit:7.0f}MB {'met' if rss <= limit else 'MISSED'}")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=256)
@@ -128,7 +221,15 @@ def main(argv=None) -> None:
     parser.add_argument("--large", action="store_true", help="also a >= 4 GB dump pair (tdiff only)")
     parser.add_argument("--large-tokens", type=int, default=3584)
     parser.add_argument("--work", type=Path, default=Path("/tmp/tdiff-bench"))
+    parser.add_argument("--real-size", action="store_true", help="issue 32's Qwen2-0.5B-shaped case (CPU-sized)")
+    parser.add_argument("--full-size", action="store_true", help="with --real-size: 8 x 512 tokens, 10.7 GB a dump")
+    parser.add_argument("--jobs", type=lambda text: [int(j) for j in text.split(",")],
+                        default=[len(os.sched_getaffinity(0))], help="with --real-size: jobs counts, e.g. 1,16 (0: no --jobs flag, for code before it)")
+    parser.add_argument("--reuse", action="store_true", help="with --real-size: keep dumps already in --work")
     args = parser.parse_args(argv)
+    if args.real_size:
+        real_size(args)
+        return
     work = args.work
 
     model_a, model_b = qwen2_model(), perturbed(qwen2_model())

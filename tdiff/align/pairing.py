@@ -8,8 +8,11 @@ boundary found on one side only is either one the other framework does not expos
 
 from __future__ import annotations
 
+import bisect
+
 import functools
 import re
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -42,6 +45,9 @@ class SideAlignment:
                 "unmapped": self.unmapped}
 
 
+_WARNING = threading.Lock()   # loads on several threads warn at once (compare --jobs)
+
+
 @dataclass
 class Alignment:
     """The report of a cross-framework pairing. ``not_exposed`` on side A lists boundaries that
@@ -49,11 +55,14 @@ class Alignment:
 
     a: SideAlignment
     b: SideAlignment
-    warnings: list[str] = field(default_factory=list)   # filled while tensors load (replicas)
+    # filled while tensors load (replicas); sorted, so that pairs loaded on several threads or
+    # processes (compare --jobs, torchrun) give the same list
+    warnings: list[str] = field(default_factory=list)
 
     def warn(self, message: str) -> None:
-        if message not in self.warnings:
-            self.warnings.append(message)
+        with _WARNING:
+            if message not in self.warnings:
+                bisect.insort(self.warnings, message)
 
     def to_json(self) -> dict:
         return {"a": self.a.to_json(), "b": self.b.to_json(), "warnings": self.warnings}

@@ -40,7 +40,7 @@ def run(*dumps: str | Path, run_a: str | None = None, run_b: str | None = None,
         align: str | None = None, allow_incomplete: bool = False, allow_unaligned: bool = False, graft: bool = False,
         try_fixes: str | None = None,
         stats_pass: bool = True, budget_bytes: int | None = None, steps: str | None = None,
-        workdir: Path | None = None, echo: Callable[[str], None] = _silent) -> BisectResult:
+        workdir: Path | None = None, echo: Callable[[str], None] = _silent, jobs: int = 1) -> BisectResult:
     """Bisect two dumps (A B), the runs of one repeat folder, or two commands (``run_a``, ``run_b``).
 
     ``mapping``, ``align`` and ``allow_unaligned`` pair and judge two dumps as in `tdiff compare`. ``graft`` reruns side B
@@ -48,7 +48,7 @@ def run(*dumps: str | Path, run_a: str | None = None, run_b: str | None = None,
     (``builtin``, ``builtin:NAMES`` or a patch file) reruns side B under candidate fixes for the
     culprit's kind. ``stats_pass``, ``budget_bytes`` and ``steps`` shape online runs. Runs go to
     ``workdir`` (a new directory, kept) or to a temporary one removed before returning. ``echo``
-    receives one line per run made.
+    receives one line per run made. ``jobs``: the streams of two dumps walked at once (bisect_dumps).
     """
     names = names or NameFilter()
     online = run_a is not None and not dumps
@@ -73,7 +73,7 @@ def run(*dumps: str | Path, run_a: str | None = None, run_b: str | None = None,
 
             final_a = open_dump(dumps[0], allow_incomplete=allow_incomplete)
             dump_b = open_dump(dumps[1], allow_incomplete=allow_incomplete)
-            result = bisect_dumps(final_a, dump_b, tolerance=tolerance, allow_unaligned=allow_unaligned,
+            result = bisect_dumps(final_a, dump_b, tolerance=tolerance, allow_unaligned=allow_unaligned, jobs=jobs,
                                   pairing=names.applied_to(choose_pairing(final_a, dump_b, mapping, align)))
             runner = Runner({"B": run_b}, work, echo) if graft and run_b is not None else None
         if result.first_divergence is None:

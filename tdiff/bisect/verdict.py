@@ -8,6 +8,8 @@ loaded and measured by :class:`tdiff.compare.engine.PairComparator`.
 
 from __future__ import annotations
 
+import threading
+
 from tdiff.compare.engine import Comparison, PairComparator, quantization_differs
 from tdiff.compare.metrics import Tolerance
 from tdiff.compare.pairing import Pair
@@ -20,9 +22,11 @@ class EventComparator:
         self.tolerance = tolerance
         self._pairs = PairComparator(a, b, tolerance)
         self.compared = 0
+        self._counting = threading.Lock()   # streams are walked on several threads (bisect_dumps' jobs)
 
     def compare(self, pair: Pair) -> Comparison:
-        self.compared += 1
+        with self._counting:
+            self.compared += 1
         if _same_fingerprint(pair):
             return Comparison(name=pair.name, status="match", a=pair.a.record, b=pair.b.record,
                               kind=pair.kind)

@@ -28,6 +28,7 @@ from tdiff.bisect.verdict import EventComparator
 from tdiff.compare.engine import Comparison, unaligned_notes
 from tdiff.compare.metrics import EXACT, Tolerance
 from tdiff.compare.pairing import NamePairing, Pair, Pairing
+from tdiff.compare.parallel import map_in_order
 from tdiff.errors import TdiffError
 from tdiff.store import Dump, open_dump
 from tdiff.vocab.kinds import between_kind, explicit_kind, module_kind, record_kind
@@ -36,13 +37,14 @@ from tdiff.vocab.paths import ROOT_LABEL
 
 def bisect_dumps(dump_a: Dump | str | Path, dump_b: Dump | str | Path, *,
                  tolerance: Tolerance = EXACT, pairing: Pairing | None = None,
-                 allow_incomplete: bool = False, allow_unaligned: bool = False) -> BisectResult:
+                 allow_incomplete: bool = False, allow_unaligned: bool = False, jobs: int = 1) -> BisectResult:
     """Name the first op boundary where dump B departs from dump A.
 
     ``pairing`` decides which tensor of A is compared with which of B (default: by name, for two
     runs of the same program; cross-framework alignment supplies its own). A match of runs aligned
     by token that left rows of tokens both fed uncompared raises TdiffError, unless
-    ``allow_unaligned`` (then a note says so).
+    ``allow_unaligned`` (then a note says so). ``jobs`` streams (a rank's forward each) are walked
+    at once; the answer does not depend on it.
     """
     a, b = _opened(dump_a, allow_incomplete), _opened(dump_b, allow_incomplete)
     pairs = (pairing or NamePairing()).pair(a, b)
@@ -56,8 +58,8 @@ def bisect_dumps(dump_a: Dump | str | Path, dump_b: Dump | str | Path, *,
                          "are they captures of the same program (or is a name mapping needed)?")
     comparator = EventComparator(a, b, tolerance)
     found = []
-    for stream in split_streams(pairs):
-        first = _first_divergent(stream, comparator)
+    streams = split_streams(pairs)
+    for stream, first in zip(streams, map_in_order(lambda s: _first_divergent(s, comparator), streams, jobs=jobs)):
         if first is not None:
             found.append((first[1].record.step, stream.key[0], stream, *first))
     result = BisectResult(status="diverged" if found or missing else "match", first_divergence=None,

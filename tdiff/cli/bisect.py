@@ -7,9 +7,9 @@ import sys
 
 import click
 
-from tdiff.cli.options import (align_option, allow_incomplete_option, allow_unaligned_option, json_option,
-                               mapping_option, name_filter_options, quiet_option, steps_option, tolerance_from,
-                               tolerance_options, workdir_option)
+from tdiff.cli.options import (align_option, allow_incomplete_option, allow_unaligned_option, jobs_option,
+                               json_option, mapping_option, name_filter_options, quiet_option, steps_option,
+                               tolerance_from, tolerance_options, workdir_option)
 from tdiff.errors import TdiffError
 
 GIB = 1 << 30
@@ -40,8 +40,9 @@ GIB = 1 << 30
 @mapping_option
 @align_option
 @quiet_option
+@jobs_option
 def bisect(dumps, run_a, run_b, exact, atol, rtol, ulp, select, exclude, graft, try_spec, budget_gb, no_stats_pass,
-           steps, work, as_json, allow_incomplete, allow_unaligned, mapping, align, quiet):
+           steps, work, as_json, allow_incomplete, allow_unaligned, mapping, align, quiet, jobs):
     """Name the first op boundary where two runs part, and what kind of op it is.
 
     \b
@@ -64,9 +65,11 @@ def bisect(dumps, run_a, run_b, exact, atol, rtol, ulp, select, exclude, graft, 
     Exit status: 0 match, 1 diverged, 2 bad input.
     """
     import tdiff.bisect
+    from tdiff.compare.distributed import silence_other_ranks
     from tdiff.compare.pairing import NameFilter
     from tdiff.report.console import make_console, render_bisect
 
+    silence_other_ranks()   # under torchrun, one process prints
     if budget_gb is not None and not budget_gb > 0:
         raise TdiffError(f"--budget-gb must be a positive number of GiB, not {budget_gb}")
     progress = make_console(stderr=True, quiet=quiet)
@@ -76,7 +79,7 @@ def bisect(dumps, run_a, run_b, exact, atol, rtol, ulp, select, exclude, graft, 
         allow_unaligned=allow_unaligned,
         graft=graft,        try_fixes=try_spec, stats_pass=not no_stats_pass, steps=steps, workdir=work,
         budget_bytes=int(budget_gb * GIB) if budget_gb is not None else None,
-        echo=lambda line: progress.print(line, highlight=False, markup=False))
+        echo=lambda line: progress.print(line, highlight=False, markup=False), jobs=jobs)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=1))
     else:

@@ -7,7 +7,8 @@ import sys
 
 import click
 
-from tdiff.cli.options import (align_option, allow_incomplete_option, allow_unaligned_option, dumps_from, json_option,
+from tdiff.cli.options import (align_option, allow_incomplete_option, allow_unaligned_option, dumps_from, jobs_option,
+                               json_option,
                                layer_option, mapping_option, name_filter_options, quiet_option, tolerance_from,
                                tolerance_options)
 
@@ -26,8 +27,9 @@ from tdiff.cli.options import (align_option, allow_incomplete_option, allow_unal
 @mapping_option
 @align_option
 @quiet_option
+@jobs_option
 def compare(dump_a, dump_b, layer, select, exclude, exact, atol, rtol, ulp, as_json, top, allow_incomplete,
-            allow_unaligned, mapping, align, quiet):
+            allow_unaligned, mapping, align, quiet, jobs):
     """Compare dumps A and B tensor by tensor.
 
     Dumps of one framework with one parallel layout pair tensors by name, step, call index, role
@@ -46,18 +48,23 @@ def compare(dump_a, dump_b, layer, select, exclude, exact, atol, rtol, ulp, as_j
     The verdict is bitwise unless --atol/--rtol/--ulp relax it. A tensor on one side only counts as a
     divergence.
 
+    Under `torchrun --nnodes K --nproc-per-node M -m tdiff compare A B` the dumps' ranks are
+    split over the processes (a shared filesystem); the first process prints the one verdict.
+
     Exit status: 0 all tensors match, 1 a divergence, 2 bad input (or tokens left uncompared).
     """
+    from tdiff.compare.distributed import silence_other_ranks
     from tdiff.compare.engine import CompareOptions, compare_dumps, unaligned_notes
     from tdiff.report.console import make_console, render_compare
     from tdiff.report.progress import progress_bar
 
+    silence_other_ranks()
     tolerance = tolerance_from(exact, atol, rtol, ulp)
     a, b, pairing = dumps_from(dump_a, dump_b, allow_incomplete, mapping, align)
     with progress_bar("comparing", quiet=quiet) as advance:
         report = compare_dumps(a, b, CompareOptions(tolerance=tolerance, layer=layer, select=list(select),
                                                   exclude=list(exclude)),
-                               pairing=pairing, progress=advance)
+                               pairing=pairing, progress=advance, jobs=jobs)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=1))
     else:

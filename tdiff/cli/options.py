@@ -142,3 +142,12 @@ def align_option(command):
         "Force how tensors pair (default: chosen from the dumps): by module name, step and call; by "
         "canonical op boundary (across frameworks and parallel layouts); or by token, over either "
         "(prefill and decode steps against one forward; docs/ALIGNMENT.md)."))(command)
+
+
+def jobs_option(command):
+    """--jobs N: how many pairs of tensors are loaded and measured at once (compare, bisect, report, patch try)."""
+    import os
+
+    cores = len(os.sched_getaffinity(0))
+    return click.option("--jobs", "-j", type=click.IntRange(min=1), default=cores, show_default="the cores this "
+                        "process may use", help="Load, check and measure this many tensor pairs at once.")(command)

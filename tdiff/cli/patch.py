@@ -12,8 +12,8 @@ from pathlib import Path
 import click
 
 from tdiff.cli.options import (allow_unaligned_option, batch_row_option, capture_selection_options,
-                               check_capture_selection, json_option, quiet_option, tolerance_from, tolerance_options,
-                               workdir_option)
+                               check_capture_selection, jobs_option, json_option, quiet_option, tolerance_from,
+                               tolerance_options, workdir_option)
 from tdiff.errors import TdiffError
 
 _RUN = {"ignore_unknown_options": True, "allow_interspersed_args": False}
@@ -108,9 +108,10 @@ def check(config, as_json, quiet):
 @allow_unaligned_option
 @json_option
 @quiet_option
+@jobs_option
 @click.argument("command_b", nargs=-1, required=True, type=click.UNPROCESSED)
 def try_(candidates, baseline, work, select, exclude, layers, steps, batch_row, rerun_baseline, exact, atol,
-         rtol, ulp, allow_unaligned, as_json, quiet, command_b):
+         rtol, ulp, allow_unaligned, as_json, quiet, jobs, command_b):
     """Run COMMAND_B once unpatched and once per candidate; rank the candidates against DUMP_A.
 
     \b
@@ -141,7 +142,7 @@ def try_(candidates, baseline, work, select, exclude, layers, steps, batch_row, 
     report = try_candidates(chosen, baseline, list(command_b), workdir=work, tolerance=tolerance,
                             selection=CaptureSelection(list(select), list(exclude), layers, steps, batch_row),
                             baseline_command=shlex.split(rerun_baseline) if rerun_baseline else None,
-                            allow_unaligned=allow_unaligned, progress=progress)
+                            allow_unaligned=allow_unaligned, progress=progress, jobs=jobs)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=1))
     else:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from tdiff.cli.options import (allow_incomplete_option, allow_unaligned_option, dumps_from, layer_option,
+from tdiff.cli.options import (allow_incomplete_option, allow_unaligned_option, dumps_from, jobs_option, layer_option,
                                mapping_option, quiet_option, tolerance_from, tolerance_options)
 from tdiff.errors import TdiffError
 
@@ -32,8 +32,9 @@ from tdiff.errors import TdiffError
 @allow_unaligned_option
 @mapping_option
 @quiet_option
+@jobs_option
 def report(dump_a, dump_b, fmt, out, layer, with_bisect, patch_results, gh_comment, exact, atol, rtol, ulp,
-           allow_incomplete, allow_unaligned, mapping, quiet):
+           allow_incomplete, allow_unaligned, mapping, quiet, jobs):
     """Write a report of dumps A and B: the first divergence, error per layer and boundary,
     log-prob parity per token (runs aligned by token), the environment, and optionally bisect
     and patch-trial results.
@@ -67,10 +68,10 @@ def report(dump_a, dump_b, fmt, out, layer, with_bisect, patch_results, gh_comme
     a, b, pairing = dumps_from(dump_a, dump_b, allow_incomplete, mapping)
     with progress_bar("comparing", quiet=quiet) as advance:
         compared = compare_dumps(a, b, CompareOptions(tolerance=tolerance, layer=layer),
-                                 pairing=pairing, progress=advance)
+                                 pairing=pairing, progress=advance, jobs=jobs)
     unaligned_notes(compared.alignment, diverged=compared.status != "match", allow_unaligned=allow_unaligned)
-    bisected = bisect_dumps(a, b, tolerance=tolerance, pairing=pairing,
-                            allow_unaligned=allow_unaligned) if with_bisect else None
+    bisected = bisect_dumps(a, b, tolerance=tolerance, pairing=pairing, allow_unaligned=allow_unaligned,
+                            jobs=jobs) if with_bisect else None
     with progress_bar("writing the report", quiet=quiet):
         result = build_report(compared, bisect=bisected, patch_results=patches)
         text = _render(result, fmt, gh_comment)

@@ -13,13 +13,15 @@ from typing import Protocol
 
 import torch
 
+from tdiff.compare.distributed import map_over_processes, torchrun_world
 from tdiff.compare.metrics import EXACT, ReportedMetrics, TensorMetrics, Tolerance, compare_tensors, json_number
 from tdiff.compare.pairing import NameFilter, NamePairing, Pair, Pairing, Side, keep_uncompared
+from tdiff.compare.parallel import map_in_order, map_until_error
 from tdiff.compare.result import CompareResult, DumpSide, TensorVerdict, status_counts
 from tdiff.compare.tokens import TokenVerdict, token_verdict
 from tdiff.errors import TdiffError
 from tdiff.store import Dump, Record
-from tdiff.store.dtypes import torch_dtype
+from tdiff.store.dtypes import stored_nbytes, torch_dtype
 from tdiff.store.fingerprint import fingerprint_algorithm, fingerprint_as
 from tdiff.vocab.kinds import record_kind
 from tdiff.vocab.paths import layer_of, record_layer
@@ -146,7 +148,9 @@ def _dump_side(dump: Dump) -> DumpSide:
 
 def compare_dumps(a: Dump, b: Dump, options: CompareOptions | None = None, *,
                   pairing: Pairing | None = None,
-                  progress: Callable[[int, int], None] | None = None) -> CompareReport:
+                  progress: Callable[[int, int], None] | None = None, jobs: int = 1) -> CompareReport:
+    """Every pair of A and B measured; ``jobs`` pairs at a time (tdiff.compare.parallel), and under
+    torchrun split over its processes (tdiff.compare.distributed): the report is the same."""
     options = options or CompareOptions()
     pairing = pairing or NamePairing()
     names = NameFilter.of(options.select, options.exclude)
@@ -156,16 +160,32 @@ def compare_dumps(a: Dump, b: Dump, options: CompareOptions | None = None, *,
                     lambda name: names.wants(name) and (options.layer is None or layer_of(name) == options.layer))
     if not pairs:
         raise TdiffError(_nothing_to_compare(options, names))
-    comparator = PairComparator(a, b, options.tolerance)
-    comparisons = []
-    # one pair at a time, in this thread: two threads measured slower (the hashing holds the GIL;
-    # docs/PERFORMANCE.md section 2), and memory stays that of the largest pair
-    for done, pair in enumerate(pairs, 1):
-        comparisons.append(comparator.compare(pair))
-        if progress is not None:
-            progress(done, len(pairs))
-    return CompareReport(a, b, options, comparisons, pairing, getattr(pairing, "alignment", None),
+    alignment = getattr(pairing, "alignment", None)
+    comparisons = _compare_all(PairComparator(a, b, options.tolerance), pairs, jobs, progress, alignment)
+    return CompareReport(a, b, options, comparisons, pairing, alignment,
                          left_out=len(paired) - len(pairs))
+
+
+def _compare_all(comparator: PairComparator, pairs: list[Pair], jobs: int,
+                 progress: Callable[[int, int], None] | None, alignment) -> list[Comparison]:
+    world = torchrun_world()
+    # threads measure pairs at once while their bytes stay within the largest pair + 512 MB
+    memory = max(map(_pair_bytes, pairs)) + (512 << 20)
+    if world is None:
+        return map_in_order(comparator.compare, pairs, jobs=jobs, group_of=comparator.cache_key,
+                            weight_of=_pair_bytes, memory=memory, progress=progress)
+    return map_over_processes(
+        lambda share: map_until_error(comparator.compare, [pairs[i] for i in share], jobs=jobs,
+                                      group_of=comparator.cache_key, weight_of=_pair_bytes, memory=memory),
+        pairs, owner_key=lambda pair: pair.record.rank, world=world,
+        # the replica checks of every process's loads, as one process would have warned
+        notes=lambda: list(getattr(alignment, "warnings", [])), take_note=getattr(alignment, "warn", lambda note: None))
+
+
+def _pair_bytes(pair: Pair) -> int:
+    """The bytes of a pair's stored tensors (what measuring it holds in memory)."""
+    sides = [side for side in (pair.a, pair.b) if side is not None]
+    return sum(stored_nbytes(r.dtype, r.shape) for side in sides for r in side.records if r.has_data)
 
 
 def pair_layer(name: str, kind: str | None, record: Record) -> int | None:
@@ -212,7 +232,7 @@ class PairComparator:
                                     reason=f"shape {list(ra.shape)} vs {list(rb.shape)}")
             if not (ra.has_data and rb.has_data):
                 return self._compare_fingerprints(pair)
-        cache_key = self._cache_key(pair)
+        cache_key = self.cache_key(pair)
         if cache_key in self._measured:
             return self._result(pair, *self._measured[cache_key])
         ta, tb = self._load(pair.a, 0), self._load(pair.b, 1)
@@ -238,8 +258,9 @@ class PairComparator:
         return side.load() if side.load is not None else self.dumps[which].load(side.record)
 
     @staticmethod
-    def _cache_key(pair: Pair) -> tuple | None:
-        if pair.a.load is not None or pair.b.load is not None or len(pair.a.records) + len(pair.b.records) != 2:
+    def cache_key(pair: Pair) -> tuple | None:
+        """What a pair's verdict is remembered by: its two stored tensors (None: not remembered)."""
+        if pair.a is None or pair.b is None or pair.a.load is not None or pair.b.load is not None or len(pair.a.records) + len(pair.b.records) != 2:
             return None
         ra, rb = pair.a.record, pair.b.record
         return (ra.file, ra.key, ra.dtype, ra.shape, rb.file, rb.key, rb.dtype, rb.shape)

@@ -139,7 +139,7 @@ def try_candidates(candidates: list[Candidate], baseline: str | Path, command: l
                    workdir: str | Path | None = None, tolerance: Tolerance = EXACT,
                    selection: CaptureSelection | None = None, baseline_command: list[str] | None = None,
                    allow_unaligned: bool = False,
-                   progress: Callable[[TrialResult, int, int], None] | None = None) -> TrialReport:
+                   progress: Callable[[TrialResult, int, int], None] | None = None, jobs: int = 1) -> TrialReport:
     """Run ``command`` unpatched and under each candidate; compare every run with ``baseline``.
 
     With ``baseline_command``, side A is captured again under each candidate too, and each
@@ -147,6 +147,7 @@ def try_candidates(candidates: list[Candidate], baseline: str | Path, command: l
     invariance: the same op overrides on the lone sequence and on the batch). The control still
     compares with ``baseline``. A run aligned by token that matches while rows of tokens both runs
     fed were left uncompared is an error, unless ``allow_unaligned`` (then its reason notes it).
+    ``jobs``: pairs of tensors compared at once (compare_dumps).
     """
     if not candidates:
         raise TdiffError("no candidates to try")
@@ -156,7 +157,7 @@ def try_candidates(candidates: list[Candidate], baseline: str | Path, command: l
     base = open_dump(baseline)
     work = _workdir(workdir)
     runner = _Runner(base, list(command), work, tolerance, selection or CaptureSelection(),
-                     list(baseline_command) if baseline_command else None, allow_unaligned)
+                     list(baseline_command) if baseline_command else None, allow_unaligned, jobs)
     total = len(candidates) + 1
     control = runner.run(0, CONTROL, [])
     if progress is not None:
@@ -200,8 +201,9 @@ def _workdir(workdir: str | Path | None) -> Path:
 
 class _Runner:
     def __init__(self, baseline: Dump, command: list[str], workdir: Path, tolerance: Tolerance,
-                 selection: CaptureSelection, baseline_command: list[str] | None, allow_unaligned: bool):
-        self.baseline, self.command, self.workdir = baseline, command, workdir
+                 selection: CaptureSelection, baseline_command: list[str] | None, allow_unaligned: bool,
+                 jobs: int):
+        self.baseline, self.command, self.workdir, self.jobs = baseline, command, workdir, jobs
         self.tolerance, self.selection, self.baseline_command = tolerance, selection, baseline_command
         self.allow_unaligned = allow_unaligned
 
@@ -230,7 +232,7 @@ class _Runner:
         try:
             dump = open_dump(out)
             report = compare_dumps(baseline, dump, CompareOptions(tolerance=self.tolerance),
-                                   pairing=choose_pairing(baseline, dump))
+                                   pairing=choose_pairing(baseline, dump), jobs=self.jobs)
         except DumpError as exc:
             result.reason = str(exc)
             return result

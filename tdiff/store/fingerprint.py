@@ -34,6 +34,7 @@ import torch
 import xxhash
 
 from tdiff.store.dtypes import dtype_name, to_bytes_view
+from tdiff.store.xxh3 import xxh3_128_hex
 
 WEIGHT_MULTIPLIER = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
 WEIGHT_OFFSET = 0x632BE59BD9B4E019
@@ -52,14 +53,11 @@ def _shape_tag(dtype: str, shape) -> bytes:
 def xxh3_fingerprint(tensor: torch.Tensor, sink=None) -> str:
     """XXH3-128 over dtype, shape and raw bytes of a host tensor; ``sink``, if given, is handed
     the bytes once they are hashed."""
-    hasher = xxhash.xxh3_128(_shape_tag(dtype_name(tensor.dtype), tensor.shape))
-    raw = to_bytes_view(tensor)
-    if raw.numel():
-        data = raw.numpy().data
-        hasher.update(data)
-        if sink is not None:
-            sink(data)
-    return "xxh3:" + hasher.hexdigest()
+    raw = to_bytes_view(tensor).contiguous()
+    digest = xxh3_128_hex(_shape_tag(dtype_name(tensor.dtype), tensor.shape), raw.data_ptr(), raw.numel())
+    if sink is not None and raw.numel():
+        sink(raw.numpy().data)
+    return "xxh3:" + digest
 
 
 def _words(tensor: torch.Tensor) -> torch.Tensor:

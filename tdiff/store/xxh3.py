@@ -1,0 +1,42 @@
+"""XXH3-128 that lets go of the GIL while it hashes, so that threads check tensors at once.
+
+The xxhash module holds the GIL for the whole of an update (docs/PERFORMANCE.md section 2). This
+calls the same XXH3 functions, those its extension module exports, through ctypes, which releases
+the GIL around each foreign call: the digests are the xxhash module's (tests/store/test_xxh3.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import importlib.util
+
+
+class _Hash128(ctypes.Structure):
+    _fields_ = [("low64", ctypes.c_uint64), ("high64", ctypes.c_uint64)]
+
+
+_lib = ctypes.CDLL(importlib.util.find_spec("xxhash._xxhash").origin)  # type: ignore[union-attr]
+_lib.XXH3_createState.restype = ctypes.c_void_p
+_lib.XXH3_freeState.argtypes = [ctypes.c_void_p]
+_lib.XXH3_128bits_reset.argtypes = [ctypes.c_void_p]
+_lib.XXH3_128bits_update.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+_lib.XXH3_128bits_digest.argtypes = [ctypes.c_void_p]
+_lib.XXH3_128bits_digest.restype = _Hash128
+
+
+def xxh3_128_hex(prefix: bytes, address: int, nbytes: int) -> str:
+    """XXH3-128 (seed 0) of ``prefix`` followed by the ``nbytes`` bytes at ``address``, as
+    ``xxhash.xxh3_128(prefix + data).hexdigest()`` writes it. The caller keeps the bytes alive."""
+    state = _lib.XXH3_createState()
+    if not state:
+        raise MemoryError("XXH3_createState")
+    try:
+        _lib.XXH3_128bits_reset(state)
+        _lib.XXH3_128bits_update(state, prefix, len(prefix))
+        if nbytes:
+            _lib.XXH3_128bits_update(state, address, nbytes)
+        digest = _lib.XXH3_128bits_digest(state)
+    finally:
+        _lib.XXH3_freeState(state)
+    return f"{digest.high64:016x}{digest.low64:016x}"

@@ -1,0 +1,31 @@
+"""The GIL-free XXH3-128 gives the xxhash module's digests."""
+
+import threading
+
+import numpy as np
+import xxhash
+from hypothesis import given, strategies as st
+
+from tdiff.store.xxh3 import xxh3_128_hex
+
+
+@given(prefix=st.binary(max_size=64), data=st.binary(max_size=4096))
+def test_digest_is_the_xxhash_modules(prefix, data):
+    array = np.frombuffer(data, dtype=np.uint8) if data else np.empty(0, dtype=np.uint8)
+    assert xxh3_128_hex(prefix, array.ctypes.data, array.nbytes) == xxhash.xxh3_128(prefix + data).hexdigest()
+
+
+def test_threads_hashing_at_once_get_each_their_own_digest():
+    buffers = [np.random.default_rng(seed).integers(0, 256, 1 << 20, dtype=np.uint8) for seed in range(8)]
+    expected = [xxhash.xxh3_128(b"tag" + b.tobytes()).hexdigest() for b in buffers]
+    got = [None] * len(buffers)
+
+    def run(i):
+        got[i] = xxh3_128_hex(b"tag", buffers[i].ctypes.data, buffers[i].nbytes)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(buffers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == expected

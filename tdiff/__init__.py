@@ -9,8 +9,8 @@ the capture API is loaded on first use.
 """
 
 from tdiff.errors import DumpError, TdiffError
+from tdiff.version import __version__
 
-__version__ = "0.1.0"
 _CAPTURE_API = ("capture", "dump", "tokens", "step", "warmup", "graph_rows", "graph_replayed")
 __all__ = ["__version__", *_CAPTURE_API, "TdiffError", "DumpError"]  # noqa: PLE0604 - strings, listed once above
 

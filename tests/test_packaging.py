@@ -6,6 +6,7 @@ import re
 import tomllib
 import zipfile
 
+from tdiff.version import __version__
 from tests.helpers import REPO, built_wheel
 
 
@@ -16,6 +17,7 @@ def test_the_wheel_is_torch_tdiff_with_the_tdiff_package_and_command(tmp_path):
         metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
         entry_points = archive.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
     assert re.search(r"^Name: torch-tdiff$", metadata, re.MULTILINE)
+    assert re.search(rf"^Version: {re.escape(__version__)}$", metadata, re.MULTILINE)   # tdiff/version.py's
     assert "tdiff/cli/__init__.py" in names and "tdiff/source_patcher/catalogue.yaml" in names
     assert re.search(r"^tdiff = tdiff\.cli:main$", entry_points, re.MULTILINE)
 

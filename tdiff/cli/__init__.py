@@ -10,9 +10,9 @@ import traceback
 
 import click
 
-import tdiff
 from tdiff.errors import TdiffError
 from tdiff.text import printable
+from tdiff.version import __version__
 
 COMMANDS = {
     "capture": "tdiff.cli.capture:capture",
@@ -72,13 +72,13 @@ def _save_traceback() -> str:
     """Write the exception being handled to a file in the system's temporary directory."""
     with tempfile.NamedTemporaryFile("w", prefix="tdiff-crash-", suffix=".txt", delete=False,
                                      encoding="utf-8") as file:
-        file.write(f"tdiff {tdiff.__version__}, argv {sys.argv!r}\n")
+        file.write(f"tdiff {__version__}, argv {sys.argv!r}\n")
         traceback.print_exc(file=file)
     return file.name
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(tdiff.__version__, prog_name="tdiff")
+@click.version_option(__version__, prog_name="tdiff")
 def cli():
     """tdiff: find the first op where two runs of the same model part numerically.
 

@@ -91,15 +91,15 @@ def _claim_out(out: Path, force: bool):
     from tdiff.store.ownership import DumpLock, Holder, check_is_dump, new_run_id, prepare_folder, refuse_held
 
     check_is_dump(out, _ELSEWHERE)  # before a lock file is put into it
-    lock = DumpLock.acquire(out)
-    if isinstance(lock, Holder):
-        raise refuse_held(out, lock, _ELSEWHERE)
-    try:
-        prepare_folder(out, force=force, force_hint="--force", elsewhere=_ELSEWHERE)
-        lock.announce(new_run_id(), shlex.join(["tdiff", *sys.argv[1:]]))
-    except BaseException:
-        lock.release()
-        raise
+    with DumpLock.deciding(out) as lock:
+        if isinstance(lock, Holder):
+            raise refuse_held(out, lock, _ELSEWHERE)
+        try:
+            prepare_folder(out, force=force, force_hint="--force", elsewhere=_ELSEWHERE)
+            lock.announce(new_run_id(), shlex.join(["tdiff", *sys.argv[1:]]))
+        except BaseException:
+            lock.release()
+            raise
     return lock
 
 

@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-import tdiff
 from tdiff.store.dtypes import dtype_name, quantization_of
 from tdiff.store.fingerprint import xxh3_fingerprint
 from tdiff.store.manifest import MANIFEST_DIR, create_dump, new_part_id
@@ -54,6 +53,7 @@ from tdiff.hooks.selection import Selection
 from tdiff.hooks.stack_room import StackRoom
 from tdiff.hooks.tokens import describe_tokens, row_tokens, token_source
 from tdiff.vocab.parse import parse_ranges
+from tdiff.version import __version__
 from tdiff.vocab.paths import call_layer, layer_of
 
 MODES = ("full", "stats")
@@ -155,7 +155,7 @@ class Capture:
         claim = None if self.launched else Claim(self.root, force=self.force)
         try:
             create_dump(self.root, {"side": self.side, "mode": self.mode, "storage": self.storage,
-                                    "tdiff": tdiff.__version__})
+                                    "tdiff": __version__})
             if not os.access(self.root / MANIFEST_DIR, os.W_OK | os.X_OK):
                 raise TdiffError(f"cannot write into dump directory {self.root}: permission denied")
         except BaseException:
@@ -209,7 +209,7 @@ class Capture:
 
     def _new_writer(self) -> DumpWriter:
         header = {"side": self.side, "mode": self.mode, "argv": sys.argv[:16],
-                  "torch": torch.__version__, "tdiff": tdiff.__version__, "versions": dict(_versions())}
+                  "torch": torch.__version__, "tdiff": __version__, "versions": dict(_versions())}
         try:
             return DumpWriter(self.root, new_part_id(), header, storage=self.storage,
                               max_pending_bytes=self.max_pending_bytes,
@@ -692,7 +692,7 @@ def _versions() -> dict[str, str]:
     """Installed versions of the frameworks whose numerics a report must name: looked up once a
     process (importlib.metadata scans the installed distributions, ~10 ms every capture's start).
     Read-only: callers copy it."""
-    versions = {"torch": torch.__version__, "tdiff": tdiff.__version__}
+    versions = {"torch": torch.__version__, "tdiff": __version__}
     for package in ("transformers", "megatron-core", "sglang", "triton"):
         try:
             versions[package] = metadata.version(package)

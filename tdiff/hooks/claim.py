@@ -47,23 +47,23 @@ class Claim:
     def __init__(self, root: Path, *, force: bool):
         run = run_of_process()
         check_is_dump(root, _ELSEWHERE)
-        lock = DumpLock.acquire(root)
-        if isinstance(lock, Holder):
-            if run is None or lock.run != run:
-                raise refuse_held(root, lock, _ELSEWHERE)
-            run = lock.run
-            self._lock: DumpLock | None = None   # the run's first process holds it
-        else:
-            try:
-                last = lock.last_holder()
-                if run is None or last is None or last.run != run:   # a new run: not one that paused
-                    prepare_folder(root, force=force, force_hint="force=True", elsewhere=_ELSEWHERE)
-                    run = run or new_run_id()
-                lock.announce(run, shlex.join([os.path.basename(sys.executable), *sys.argv]))
-            except BaseException:
-                lock.release()
-                raise
-            self._lock = lock
+        with DumpLock.deciding(root) as lock:
+            if isinstance(lock, Holder):
+                if run is None or lock.run != run:
+                    raise refuse_held(root, lock, _ELSEWHERE)
+                run = lock.run
+                self._lock: DumpLock | None = None   # the run's first process holds it
+            else:
+                try:
+                    last = lock.last_holder()
+                    if run is None or last is None or last.run != run:   # a new run: not one that paused
+                        prepare_folder(root, force=force, force_hint="force=True", elsewhere=_ELSEWHERE)
+                        run = run or new_run_id()
+                    lock.announce(run, shlex.join([os.path.basename(sys.executable), *sys.argv]))
+                except BaseException:
+                    lock.release()
+                    raise
+                self._lock = lock
         self._previous_run = os.environ.get(RUN_ENV)
         os.environ[RUN_ENV] = run   # the processes it starts while it captures join the run
 

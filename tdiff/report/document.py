@@ -11,10 +11,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import tdiff
 from tdiff.report.console import describe, fmt_number
 from tdiff.report.environment import PACKAGES, SideEnvironment
 from tdiff.report.model import BoundaryRow, Report
+from tdiff.version import __version__
 from tdiff.vocab.paths import ROOT_LABEL
 
 if TYPE_CHECKING:  # the results the report shows; `tdiff report` makes them
@@ -96,7 +96,7 @@ def build_document(report: Report) -> Document:
         doc.blocks.append(patch_table(report.patch_results))
     doc.blocks.append(environment_table(report))
     doc.blocks += [boundary_table(report), diverged_table(report)]
-    doc.blocks.append(Paragraph((f"Made by tdiff {tdiff.__version__}; every row of every table: ",
+    doc.blocks.append(Paragraph((f"Made by tdiff {__version__}; every row of every table: ",
                                  Code("tdiff report A B --format json"), ".")))
     return doc
 

@@ -11,8 +11,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from importlib import metadata
 
-import tdiff
 from tdiff.store import Dump
+from tdiff.version import __version__
 
 PACKAGES = ("torch", "transformers", "megatron-core", "sglang", "tdiff")
 
@@ -67,7 +67,7 @@ def side_environment(dump: Dump) -> SideEnvironment:
 
 
 def installed_versions() -> dict[str, str | None]:
-    found: dict[str, str | None] = {"tdiff": tdiff.__version__}
+    found: dict[str, str | None] = {"tdiff": __version__}
     for package in PACKAGES[:-1]:
         try:
             found[package] = metadata.version(package)

@@ -6,6 +6,8 @@ into that file who it is (:class:`Holder`). The processes of the run (its ranks 
 writing a part of its own) join the dump; another capture of the directory is refused while the
 lock is held. The kernel drops the lock when its holder dies, so a run that crashed never leaves
 the directory locked; the file itself stays (removing it would let two runs lock two files).
+Claims of one directory decide one at a time (a moment's ``flock`` on the directory itself), so
+a new holder has said who it is before another process reads it.
 
 Before a new run takes a directory over, :func:`prepare_folder` refuses to replace what must not
 go without being told (``--force``): records of an earlier run, files that tdiff did not write.
@@ -13,6 +15,7 @@ go without being told (``--force``): records of an earlier run, files that tdiff
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import json
@@ -23,6 +26,7 @@ import socket
 import time
 import uuid
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 
 from tdiff.errors import DumpError, TdiffError
@@ -30,7 +34,6 @@ from tdiff.store.manifest import DATA_DIR, DUMP_FILE, MANIFEST_DIR, read_part
 from tdiff.store.repeats import REPEAT_FILE
 
 LOCK_FILE = "tdiff.lock"
-_HOLDER_WAIT_S = 2.0   # how long a refused process waits for the holder to say who it is
 
 
 def new_run_id() -> str:
@@ -66,20 +69,31 @@ class DumpLock:
         _held.add(self)
 
     @classmethod
-    def acquire(cls, folder: Path) -> DumpLock | Holder:
+    @contextlib.contextmanager
+    def deciding(cls, folder: Path) -> Iterator[DumpLock | Holder]:
         """The lock on ``folder`` (created with its parents when missing), or, when another
-        process holds it, who that is."""
+        process holds it, who that is. Every other claim of ``folder`` waits until the block
+        ends, so a new holder says who it is (:meth:`announce`) before anyone reads it."""
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by exec
+            deciding = os.open(folder, os.O_RDONLY)
         except OSError as exc:
             raise TdiffError(f"cannot lock dump directory {folder}: {exc.strerror or exc}") from None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return _current_holder(folder)
-        return cls(folder, fd)
+            fcntl.flock(deciding, fcntl.LOCK_EX)   # held for a moment: the time to decide
+            try:
+                fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by exec
+            except OSError as exc:
+                raise TdiffError(f"cannot lock dump directory {folder}: {exc.strerror or exc}") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                yield _parse_holder((folder / LOCK_FILE).read_bytes()) or _UNKNOWN
+                return
+            yield cls(folder, fd)
+        finally:
+            os.close(deciding)
 
     def last_holder(self) -> Holder | None:
         """Who held the lock before this process took it (None: nobody ever did)."""
@@ -111,17 +125,7 @@ def _close_in_forked_child() -> None:
 os.register_at_fork(after_in_child=_close_in_forked_child)
 
 
-def _current_holder(folder: Path) -> Holder:
-    """Who holds ``folder``'s lock: its holder writes that just after taking it."""
-    deadline = time.monotonic() + _HOLDER_WAIT_S
-    while True:
-        try:
-            holder = _parse_holder((folder / LOCK_FILE).read_bytes())
-        except OSError:
-            holder = None
-        if holder is not None or time.monotonic() > deadline:
-            return holder or Holder(run="", pid=0, host="", command="", started=0.0)
-        time.sleep(0.02)
+_UNKNOWN = Holder(run="", pid=0, host="", command="", started=0.0)
 
 
 def _parse_holder(data: bytes) -> Holder | None:
@@ -139,11 +143,17 @@ def refuse_held(folder: Path, holder: Holder, elsewhere: str) -> TdiffError:
 
 
 def check_is_dump(folder: Path, elsewhere: str) -> None:
-    """Refuse a directory that holds something other than a dump, before anything is put into it."""
-    if not folder.is_dir() or not any(p.name != LOCK_FILE for p in folder.iterdir()):
+    """Refuse a directory that holds something other than a dump, before anything is put into it.
+    A dump another process of the run is making (its folders there, its header not yet) is one."""
+    if not folder.is_dir() or (folder / DUMP_FILE).is_file() or (folder / REPEAT_FILE).is_file():
         return
-    if not ((folder / DUMP_FILE).is_file() or (folder / REPEAT_FILE).is_file()):
+    if any(not _DUMP_ENTRY.fullmatch(entry.name) for entry in folder.iterdir()):
         raise TdiffError(f"{folder} exists and is not a dump; {elsewhere}")
+
+
+# what capture puts into a dump directory before its header is there (atomic_write_json's temporary name)
+_DUMP_ENTRY = re.compile("|".join(re.escape(name) for name in (LOCK_FILE, MANIFEST_DIR, DATA_DIR))
+                         + rf"|\.{re.escape(DUMP_FILE)}\.\d+\.[0-9a-f]+\.tmp")
 
 
 def prepare_folder(folder: Path, *, force: bool, force_hint: str, elsewhere: str) -> None:
@@ -198,7 +208,8 @@ def file_tdiff_did_not_write(folder: Path) -> Path | None:
         parts = path.relative_to(folder).parts
         if _REPEAT_RUN.fullmatch(parts[0]):
             parts = parts[1:]  # a repeat run's dump
-        if not parts or parts in ((DUMP_FILE,), (REPEAT_FILE,), (MANIFEST_DIR,), (LOCK_FILE,)) or parts[0] == DATA_DIR:
+        if not parts or parts in ((DUMP_FILE,), (REPEAT_FILE,)) or parts[0] == DATA_DIR or (
+                len(parts) == 1 and _DUMP_ENTRY.fullmatch(parts[0])):
             continue  # (tensor data counts as records: see holds_records)
         if parts[0] == MANIFEST_DIR and len(parts) == 2 and parts[1].endswith(".jsonl"):
             continue

@@ -124,6 +124,7 @@ def test_an_lm_head_scoring_each_sequences_last_token_in_the_prefill_aligns_with
 def test_replicated_ranks_hold_one_layout_and_another_batching_is_another(tmp_path, monkeypatch):
     from tdiff.align.tokens import layouts_differ
 
+    monkeypatch.setenv("TDIFF_RUN", "two-ranks")   # the ranks' captures are parts of one run
     for rank in ("0", "1"):   # two tensor-parallel ranks: the same tokens on each
         monkeypatch.setenv("RANK", rank)
         packed_trainer(tmp_path / "tp2", ["r1", "r2"])

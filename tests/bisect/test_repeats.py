@@ -46,10 +46,10 @@ def test_repeat_folders_are_replaced_only_with_force(tmp_path):
     out = tmp_path / "rep"
     command = ["--", sys.executable, "-c", "import torch, tdiff; tdiff.dump('x', torch.ones(2))"]
     tdiff_cli("capture", "--out", out, "--repeat", 2, *command, expect=0)
-    assert sorted(p.name for p in out.iterdir()) == ["run-1", "run-2", "tdiff-repeat.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["run-1", "run-2", "tdiff-repeat.json", "tdiff.lock"]
     assert "already holds a dump" in tdiff_cli("capture", "--out", out, "--repeat", 3, *command, expect=2).output
     tdiff_cli("capture", "--out", out, "--repeat", 3, "--force", *command, expect=0)
-    assert sorted(p.name for p in out.iterdir()) == ["run-1", "run-2", "run-3", "tdiff-repeat.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["run-1", "run-2", "run-3", "tdiff-repeat.json", "tdiff.lock"]
     assert "--repeat" in tdiff_cli("capture", "--out", tmp_path / "x", "--repeat", 0, *command, expect=2).output
 
 

@@ -118,3 +118,13 @@ def test_torchrun_ranks_share_a_dump(tmp_path):
     # the next job into the same directory is another run: its ranks are refused
     second = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert second.returncode != 0 and "already holds a dump" in second.stderr
+
+
+def test_a_dump_another_process_of_the_run_is_making_is_not_taken_for_something_else(tmp_path):
+    """Its folders are there, its header not yet: not 'a directory that is not a dump'."""
+    (tmp_path / "d" / "manifests").mkdir(parents=True)
+    (tmp_path / "d" / "data").mkdir()
+    (tmp_path / "d" / ".tdiff-dump.json.4242.a1b2c3.tmp").write_text("")
+    with tdiff.capture(tmp_path / "d"):
+        tdiff.dump("x", torch.ones(2))
+    assert [r.name for r in open_dump(tmp_path / "d").records] == ["x"]

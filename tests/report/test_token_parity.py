@@ -204,6 +204,7 @@ def test_each_rank_counts_its_own_log_probs(tmp_path, monkeypatch):
     clean = torch.randn(positions.shape)
     planted = clean.clone()
     planted[1, -1] += 1     # sequence 1, its last response token
+    monkeypatch.setenv("TDIFF_RUN", "two-ranks")   # the ranks' captures are parts of one run
     for name in ("a", "b"):
         for rank in (0, 1):
             monkeypatch.setenv("RANK", str(rank))

@@ -30,18 +30,20 @@ def model(seed: int) -> torch.nn.Module:
 
 def ranked_dump(path: Path, planted: tuple[int, int, int] | None = None, ranks: int = RANKS) -> Path:
     """A dump of ``ranks`` processes, one forward each (module outputs are the next module's
-    inputs: aliases); ``planted`` = (rank, linear layer, element) of a weight moved by 0.5."""
+    inputs: aliases); ``planted`` = (rank, linear layer, element) of a bias moved by 0.5."""
     saved = os.environ.get("RANK")
+    os.environ["TDIFF_RUN"] = f"ranks-{path}"   # the ranks' captures are parts of one run
     try:
         for rank in range(ranks):
             os.environ["RANK"] = str(rank)
             net = model(rank)
             if planted is not None and planted[0] == rank:
-                weight = net[2 * planted[1]].weight.detach()
-                weight.view(-1)[planted[2] % weight.numel()] += 0.5
+                bias = net[2 * planted[1]].bias.detach()   # a bias moves its linear's output whatever the input
+                bias[planted[2] % bias.numel()] += 0.5
             with torch.no_grad(), tdiff.capture(path, side=path.name):
                 net(torch.linspace(-1, 1, 4 * 16).reshape(4, 16) * (rank + 1))
     finally:
+        os.environ.pop("TDIFF_RUN")
         if saved is None:
             os.environ.pop("RANK", None)
         else:

@@ -68,7 +68,7 @@ class NamePairing:
 def _keyword_and_position_paired(pairs: list[Pair]) -> list[Pair]:
     """An input one side passed by position and the other by keyword, paired by the parameter it
     binds to (Record.bound_key), under its keyword name; each stays at side A's place."""
-    only_b: dict[tuple, int | None] = {}
+    only_b: dict[tuple, int] = {}
     for index, pair in enumerate(pairs):
         if pair.a is None and pair.record.role == "input":
             only_b.setdefault(pair.record.bound_key, index)
@@ -77,10 +77,10 @@ def _keyword_and_position_paired(pairs: list[Pair]) -> list[Pair]:
     out, taken = [], set()
     for pair in pairs:
         if pair.b is None and pair.record.role == "input":
-            index = only_b.pop(pair.record.bound_key, None)
-            if index is not None:
-                taken.add(index)
-                pair = Pair(name=pair.record.bound_key[0], a=pair.a, b=pairs[index].b)
+            partner = only_b.pop(pair.record.bound_key, None)
+            if partner is not None:
+                taken.add(partner)
+                pair = Pair(name=pair.record.bound_key[0], a=pair.a, b=pairs[partner].b)
         out.append(pair)
     return [pair for index, pair in enumerate(out) if index not in taken]
 

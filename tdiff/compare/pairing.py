@@ -61,10 +61,29 @@ class NamePairing:
     a thread's records pair with those of the same thread of the other run."""
 
     def pair(self, a: Dump, b: Dump) -> list[Pair]:
-        return merge_in_order(a.records, b.records, key=lambda r: r.pair_key,
-                              make=lambda ra, rb: Pair(name=(ra or rb).pair_key[0],
-                                                       a=Side([ra]) if ra else None,
-                                                       b=Side([rb]) if rb else None))
+        return _keyword_and_position_paired(merge_in_order(
+            a.records, b.records, key=lambda r: r.pair_key,
+            make=lambda ra, rb: Pair(name=(ra or rb).name, a=Side([ra]) if ra else None, b=Side([rb]) if rb else None)))
+
+
+def _keyword_and_position_paired(pairs: list[Pair]) -> list[Pair]:
+    """An input one side passed by position and the other by keyword, paired by the parameter it
+    binds to (Record.bound_key), under its keyword name; each stays at side A's place."""
+    only_b: dict[tuple, int] = {}
+    for index, pair in enumerate(pairs):
+        if pair.a is None and pair.record.role == "input":
+            only_b.setdefault(pair.record.bound_key, index)
+    if not only_b:
+        return pairs
+    out, taken = [], set()
+    for pair in pairs:
+        if pair.b is None and pair.record.role == "input":
+            partner = only_b.pop(pair.record.bound_key, None)
+            if partner is not None:
+                taken.add(partner)
+                pair = Pair(name=pair.record.bound_key[0], a=pair.a, b=pairs[partner].b)
+        out.append(pair)
+    return [pair for index, pair in enumerate(out) if index not in taken]
 
 
 @dataclass(frozen=True)

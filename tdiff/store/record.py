@@ -64,11 +64,14 @@ class Record:
 
     @property
     def pair_key(self) -> tuple:
-        """What identifies the same tensor in two runs of the same program: an input passed by
-        position is named by the parameter it binds to (attrs "bound"), so it pairs with the
-        same argument passed by keyword."""
-        return (self.attrs.get("bound") or self.name, self.step, self.call, self.role, self.rank,
-                self.thread)
+        """What identifies the same tensor in two runs of the same program."""
+        return (self.name, self.step, self.call, self.role, self.rank, self.thread)
+
+    @property
+    def bound_key(self) -> tuple:
+        """:attr:`pair_key` with an input passed by position named by the parameter it binds to
+        (attrs "bound"), as if passed by keyword."""
+        return (self.attrs.get("bound") or self.name, *self.pair_key[1:])
 
     def set_contents(self, stats: dict | None, fingerprint: str | None, file: str | None = None,
                      key: str | None = None) -> None:

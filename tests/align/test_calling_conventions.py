@@ -46,7 +46,7 @@ def test_a_positional_argument_pairs_with_the_same_keyword_argument(dumps):
     (ids,) = [r for r in trainer.records if r.module == "" and r.role == "input"]
     assert ids.sub == "0" and ids.attrs["bound"].endswith("[input_ids]")
     engine = open_dump(dumps / "engine")
-    assert any(r.pair_key[0] == ids.pair_key[0] for r in engine.records if r.role == "input")
+    assert any(r.bound_key[0] == ids.bound_key[0] for r in engine.records if r.role == "input")
 
 
 def test_inputs_one_side_alone_passes_are_listed_not_divergences(dumps):

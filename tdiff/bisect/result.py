@@ -111,6 +111,7 @@ class Divergence:
     # the first differing token {seq_a, seq_b, position, step_a, step_b}; None unless aligned by token
     token: dict | None = None
     op: OpDivergence | None = None  # the op inside the culprit's call, from op records (tdiff.bisect.ops)
+    cause: Cause | None = None      # which side is right: the exact-reference replay (tdiff.bisect.cause)
     # the bisection's working state, not part of the result:
     first: Comparison | None = field(default=None, compare=False, repr=False)  # the verdict on ``name``
     module_call: int | None = field(default=None, compare=False)  # call index of ``module`` (for graft)
@@ -132,7 +133,50 @@ class Divergence:
     @classmethod
     def from_json(cls, data: dict) -> Divergence:
         op = OpDivergence.from_json(data["op"]) if data.get("op") is not None else None
-        return cls(**_fields_from_json(cls, data, metrics=Metrics.from_json(data["metrics"]), op=op))
+        cause = Cause.from_json(data["cause"]) if data.get("cause") is not None else None
+        return cls(**_fields_from_json(cls, data, metrics=Metrics.from_json(data["metrics"]), op=op, cause=cause))
+
+
+@dataclass
+class Cause:
+    """Which side is right (tdiff.bisect.cause): the culprit's canonical ``op`` replayed in float64
+    (``reference``) on each side's own inputs, parameters and settings; each side's distance from
+    it (``ulp_a``/``ulp_b``: ULPs of the output's dtype at the tensor's scale; ``equal_a``/``equal_b``:
+    the share of elements equal to the exact result correctly rounded); the class (``rounding``,
+    ``precision``, ``logic``, ``inherited``, ``unknown``) and the ``side`` it names ("a", "b" or
+    None); ``differing``: the settings or parameters that differ (``eps 1e-06 vs 0.1``)."""
+
+    cause_class: str
+    side: str | None
+    description: str
+    op: str | None = None
+    ulp_a: float | str | None = None
+    ulp_b: float | str | None = None
+    equal_a: float | None = None
+    equal_b: float | None = None
+    differing: list[str] = field(default_factory=list)
+    reference: str = "float64"
+
+    @classmethod
+    def found(cls, cause_class: str, side: str | None, *, description: str, ulp_a: float | None = None,
+              ulp_b: float | None = None, **facts: Any) -> Cause:
+        return cls(cause_class, side, description, ulp_a=json_number(ulp_a), ulp_b=json_number(ulp_b), **facts)
+
+    def line(self) -> str:
+        """The one line the reports give it: ``cause: precision (side B): side A equals ...``."""
+        side = f" (side {self.side.upper()})" if self.side else ""
+        return f"cause: {self.cause_class}{side}: {self.description}"
+
+    def to_json(self) -> dict:
+        return {"class": self.cause_class, "side": self.side, "ulp_a": self.ulp_a, "ulp_b": self.ulp_b,
+                "reference": self.reference, "op": self.op, "equal_a": self.equal_a, "equal_b": self.equal_b,
+                "differing": self.differing, "description": self.description}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Cause:
+        return cls(cause_class=data["class"], side=data["side"], description=data["description"], op=data["op"],
+                   ulp_a=data["ulp_a"], ulp_b=data["ulp_b"], equal_a=data["equal_a"], equal_b=data["equal_b"],
+                   differing=data["differing"], reference=data["reference"])
 
 
 @dataclass

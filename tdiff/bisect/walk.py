@@ -20,6 +20,7 @@ from __future__ import annotations
 from itertools import chain
 from pathlib import Path
 
+from tdiff.bisect.cause import cause_of
 from tdiff.bisect.ops import descend
 from tdiff.bisect.events import (Stream, enclosing_outputs, last_child_event, parent_of,
                                  previous_at_level, split_streams)
@@ -68,6 +69,7 @@ def bisect_dumps(dump_a: Dump | str | Path, dump_b: Dump | str | Path, *,
         _, _, stream, index, comparison = min(found, key=lambda f: f[:2])
         result.first_divergence, result.trail = _locate(stream, index, comparison, comparator)
         result.notes += descend(a, b, result.first_divergence, comparator)  # the op, from op records
+        result.first_divergence.cause = cause_of(a, b, result.first_divergence, tolerance)  # which side is right
     return result
 
 

@@ -12,6 +12,7 @@ import click
 
 from tdiff.cli.options import batch_row_option, capture_selection_options, check_capture_selection, quiet_option
 from tdiff.errors import TdiffError
+from tdiff.store.modules import MODULES_DIR
 from tdiff.store.manifest import DATA_DIR, DUMP_FILE, MANIFEST_DIR, STORAGES, describe_exit, read_part
 from tdiff.vocab.parse import parse_size
 
@@ -24,6 +25,9 @@ from tdiff.vocab.parse import parse_size
 @click.option("--ops", multiple=True, metavar="REGEX",
               help="Inside the forward of modules whose path matches, record every ATen op's output too, "
                    "with its function and source line (repeatable; docs/BISECT.md).")
+@click.option("--params", is_flag=True,
+              help="Store each recorded module's parameters and buffers, once per dump (by fingerprint), "
+                   "for bisect's exact-reference replay of the culprit (docs/BISECT.md).")
 @click.option("--mode", type=click.Choice(["full", "stats"]), default="full", show_default=True,
               help="full: store tensors; stats: fingerprints and statistics only.")
 @click.option("--format", "storage", type=click.Choice(list(STORAGES)), default="safetensors",
@@ -41,7 +45,7 @@ from tdiff.vocab.parse import parse_size
                    "names the first op that is not bitwise repeatable.")
 @quiet_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def capture(out, side, select, exclude, layers, steps, ops, mode, storage, max_pending, batch_row, graph_budget,
+def capture(out, side, select, exclude, layers, steps, ops, params, mode, storage, max_pending, batch_row, graph_budget,
             force, repeat, quiet, command):
     """Run COMMAND and dump module inputs and outputs of every Python process it starts.
 
@@ -50,6 +54,7 @@ def capture(out, side, select, exclude, layers, steps, ops, mode, storage, max_p
     tdiff capture --out dumps/b --layers 0-3 --mode stats -- torchrun --nproc-per-node 2 train.py
     tdiff capture --out dumps/rep --repeat 5 -- python run.py
     tdiff capture --out dumps/a --ops '^model\\.layers\\.1\\.self_attn$' -- python run.py
+    tdiff capture --out dumps/a --params -- python run.py
 
     Each process (rank) writes its own manifest and shards into --out. Exit status: the
     command's own when it fails, 2 when nothing was captured, 3 when tdiff itself failed, else 0.
@@ -64,7 +69,8 @@ def capture(out, side, select, exclude, layers, steps, ops, mode, storage, max_p
     config = CaptureConfig(out=out, side=side or out.name, mode=mode, storage=storage, select=tuple(select),
                            exclude=tuple(exclude), layers=layers, steps=steps, batch_row=batch_row,
                            max_pending_bytes=parse_size(max_pending, "--max-pending"),
-                           graph_budget_bytes=parse_size(graph_budget, "--graph-budget"), ops=tuple(ops))
+                           graph_budget_bytes=parse_size(graph_budget, "--graph-budget"), ops=tuple(ops),
+                           params=params or None)
     _prepare_out(out, force)
     if repeat == 1:
         runs = [config]
@@ -131,7 +137,7 @@ def _file_tdiff_did_not_write(folder: Path) -> Path | None:
         parts = path.relative_to(folder).parts
         if _REPEAT_RUN.fullmatch(parts[0]):
             parts = parts[1:]  # a repeat run's dump
-        if not parts or parts in ((DUMP_FILE,), (REPEAT_FILE,), (MANIFEST_DIR,)) or parts[0] == DATA_DIR:
+        if not parts or parts in ((DUMP_FILE,), (REPEAT_FILE,), (MANIFEST_DIR,)) or parts[0] in (DATA_DIR, MODULES_DIR):
             continue  # (tensor data counts as records: see _holds_records)
         if parts[0] == MANIFEST_DIR and len(parts) == 2 and parts[1].endswith(".jsonl"):
             continue

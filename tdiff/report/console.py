@@ -256,6 +256,8 @@ def render_bisect(result: BisectResult, console: Console) -> None:
         say(f"  {escape(d.description)}")
         if d.op is not None:
             say(f"  {escape(d.op.describe())}")
+        if d.cause is not None:
+            say(f"  {escape(d.cause.line())}")
         # the full verdict where this process compared the tensor; read back from JSON, its figures
         figures = describe(d.first, result.tolerance) if d.first is not None else _describe_metrics(d)
         say(f"  first differing tensor {escape(d.name)}: {escape(figures)}")

@@ -1,0 +1,214 @@
+"""Which side is right: the culprit's canonical op replayed in float64 on each side's own inputs,
+parameters and settings, on small real torch and transformers modules with known answers."""
+
+import math
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+
+import tdiff
+from tdiff.bisect import BisectResult, bisect_dumps
+from tdiff.bisect.cause import CORRECTLY_ROUNDED, LOGIC_RELATIVE, ROUNDING_ULPS
+from tdiff.bisect.reference import correctly_rounded
+
+
+class Wrapper(torch.nn.Module):
+    """The op under test as the child `op`: bisect names it with event `output`."""
+
+    def __init__(self, op):
+        super().__init__()
+        self.op = op
+
+    def forward(self, *args):
+        return self.op(*args)
+
+
+class RMSNorm(torch.nn.Module):
+    """An RMSNorm written out, as frameworks do (the class name says what it is)."""
+
+    def __init__(self, size, eps=1e-6, variance_dtype=torch.float32):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.linspace(0.5, 1.5, size))
+        self.variance_epsilon = eps
+        self.variance_dtype = variance_dtype
+
+    def forward(self, x):
+        h = x.float()
+        variance = h.to(self.variance_dtype).pow(2).mean(-1, keepdim=True).float()
+        return (self.weight * (h * torch.rsqrt(variance + self.variance_epsilon))).to(x.dtype)
+
+
+def bisected(tmp_path, module_a, module_b, *inputs, params=True):
+    for side, module, args in (("a", module_a, inputs), ("b", module_b, inputs)):
+        with torch.no_grad(), tdiff.capture(tmp_path / side, params=params):
+            Wrapper(module)(*args)
+    return bisect_dumps(tmp_path / "a", tmp_path / "b")
+
+
+def chunked_linear(chunks):
+    """nn.Linear's forward summing its K dimension in ``chunks`` pieces, last first."""
+    def forward(self, x):
+        pieces = [F.linear(xs, ws) for xs, ws in zip(x.chunk(chunks, -1), self.weight.chunk(chunks, -1))]
+        return sum(reversed(pieces)) + self.bias
+    return forward
+
+
+def linear(seed=0, k=256, n=32):
+    torch.manual_seed(seed)
+    return torch.nn.Linear(k, n)
+
+
+def hidden(seed=1, shape=(4, 256), dtype=torch.float32):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def test_one_linear_under_two_summation_orders_is_rounding(tmp_path):
+    b = linear()
+    b.forward = types.MethodType(chunked_linear(8), b)
+    result = bisected(tmp_path, linear(), b, hidden())
+    d = result.first_divergence
+    assert (d.module, d.event) == ("op", "output")
+    cause = d.cause
+    assert (cause.cause_class, cause.side, cause.op, cause.reference) == ("rounding", None, "linear", "float64")
+    assert 0 < max(cause.ulp_a, cause.ulp_b) <= ROUNDING_ULPS
+    assert "both within rounding" in cause.description and "batch-invariant" in cause.description
+
+
+def test_a_bf16_variance_on_side_b_is_precision_on_b(tmp_path):
+    cause = bisected(tmp_path, RMSNorm(256), RMSNorm(256, variance_dtype=torch.bfloat16), hidden()).first_divergence.cause
+    assert (cause.cause_class, cause.side, cause.op) == ("precision", "b", "RMSNorm")
+    assert cause.ulp_a <= ROUNDING_ULPS < cause.ulp_b
+    assert "B loses precision" in cause.description
+
+
+def test_an_fp16_matmul_on_side_a_is_precision_on_a(tmp_path):
+    a = linear()
+    a.forward = types.MethodType(lambda self, x: F.linear(x.half(), self.weight.half(), self.bias.half()).float(), a)
+    cause = bisected(tmp_path, a, linear(), hidden()).first_divergence.cause
+    assert (cause.cause_class, cause.side) == ("precision", "a")
+    assert cause.ulp_b <= ROUNDING_ULPS < cause.ulp_a
+
+
+@settings(max_examples=4, deadline=None)
+@given(seed=st.integers(0, 2**16), swap=st.booleans())
+def test_swapping_the_sides_swaps_the_side_named_and_keeps_the_class(tmp_path_factory, seed, swap):
+    tmp_path = tmp_path_factory.mktemp("swap")
+    lossy, exact = RMSNorm(64, variance_dtype=torch.bfloat16), RMSNorm(64)
+    pair = (lossy, exact) if swap else (exact, lossy)
+    cause = bisected(tmp_path, *pair, hidden(seed, (3, 64))).first_divergence.cause
+    assert (cause.cause_class, cause.side) == ("precision", "a" if swap else "b")
+
+
+def test_a_wrong_eps_is_logic_and_names_the_settings(tmp_path):
+    cause = bisected(tmp_path, RMSNorm(256), RMSNorm(256, eps=0.1), hidden()).first_divergence.cause
+    assert cause.cause_class == "logic"
+    assert cause.differing == ["eps 1e-06 vs 0.1"]
+    assert "eps 1e-06 vs 0.1" in cause.description
+    assert cause.side is None  # each side computes its own eps exactly: nothing tells which is intended
+
+
+def test_a_rope_offset_is_logic_on_the_side_that_departs(tmp_path):
+    from transformers import Qwen2Config
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
+
+    config = Qwen2Config(hidden_size=64, num_attention_heads=4, max_position_embeddings=64)
+    a, b = Qwen2RotaryEmbedding(config), Qwen2RotaryEmbedding(config)
+    plain = Qwen2RotaryEmbedding.forward
+    b.forward = types.MethodType(lambda self, x, position_ids: plain(self, x, position_ids + 1), b)
+    x, positions = hidden(shape=(1, 16, 64)), torch.arange(16)[None]
+    cause = bisected(tmp_path, a, b, x, positions).first_divergence.cause
+    assert (cause.cause_class, cause.side, cause.op) == ("logic", "b", "RoPE")
+    assert cause.differing == []
+    assert "B departs from the RoPE" in cause.description
+
+
+def test_a_perturbed_input_is_inherited(tmp_path):
+    x = hidden()
+    perturbed = x.clone()
+    perturbed[2, 7] += 1e-3
+    for side, value in (("a", x), ("b", perturbed)):
+        with torch.no_grad(), tdiff.capture(tmp_path / side, params=True):
+            RMSNorm(256)(value)
+    d = bisect_dumps(tmp_path / "a", tmp_path / "b").first_divergence
+    assert (d.event, d.introduced) == ("input", False)
+    assert (d.cause.cause_class, d.cause.side) == ("inherited", None)
+
+
+def test_without_params_the_cause_is_unknown_and_says_what_is_missing(tmp_path):
+    cause = bisected(tmp_path, RMSNorm(64), RMSNorm(64, eps=0.1), hidden(shape=(2, 64)),
+                     params=False).first_divergence.cause
+    assert (cause.cause_class, cause.side, cause.ulp_a, cause.ulp_b) == ("unknown", None, None, None)
+    assert "--params" in cause.description
+
+
+def test_an_op_with_no_canonical_form_is_unknown(tmp_path):
+    class Scale(torch.nn.Module):
+        def __init__(self, factor):
+            super().__init__()
+            self.factor = factor
+
+        def forward(self, x):
+            return x * self.factor
+
+    cause = bisected(tmp_path, Scale(2.0), Scale(2.5), hidden()).first_divergence.cause
+    assert cause.cause_class == "unknown"
+    assert "no canonical op is known for a `Scale`" in cause.description
+
+
+def test_the_cause_reads_back_from_json(tmp_path):
+    result = bisected(tmp_path, RMSNorm(64), RMSNorm(64, variance_dtype=torch.bfloat16), hidden(shape=(2, 64)))
+    data = result.to_json()
+    assert set(data["first_divergence"]["cause"]) >= {"class", "side", "ulp_a", "ulp_b", "reference"}
+    assert BisectResult.from_json(data) == result
+
+
+def test_the_share_and_ulps_are_those_of_the_tensors(tmp_path):
+    """The figures against an exact RMSNorm computed here, rounded by picking the nearest bf16."""
+    x = hidden(shape=(8, 64), dtype=torch.bfloat16)
+    a, b = RMSNorm(64).bfloat16(), RMSNorm(64, variance_dtype=torch.bfloat16).bfloat16()
+    cause = bisected(tmp_path, a, b, x).first_divergence.cause
+    exact = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6) * a.weight.double()
+    nearest = _nearest_bf16(exact)
+    with torch.no_grad():
+        for module, equal, ulp in ((a, cause.equal_a, cause.ulp_a), (b, cause.equal_b, cause.ulp_b)):
+            out = module(x)
+            assert equal == pytest.approx(float((out == nearest).double().mean()))
+            spacing = math.ldexp(1.0, math.frexp(float(exact.abs().max()))[1] - 8)
+            assert ulp == pytest.approx(float((out.double() - exact).abs().max()) / spacing)
+
+
+def _nearest_bf16(exact):
+    """Each value's nearest bfloat16 (ties to the even one), chosen among the bfloat16 values
+    next to a first guess: an independent check of correctly_rounded."""
+    guess = exact.to(torch.bfloat16)
+    bits = guess.view(torch.int16)
+    candidates = torch.stack([(bits + step).view(torch.bfloat16) for step in (-1, 0, 1)])
+    distance = (candidates.double() - exact).abs().nan_to_num(nan=math.inf)  # (0's bits - 1: a NaN)
+    best = distance.min(0).values
+    even = (torch.stack([bits - 1, bits, bits + 1]) % 2 == 0)
+    # the nearest; between two equally near, the one whose last bit is 0
+    score = torch.where(distance == best, torch.where(even, 0, 1), 2)
+    return candidates.gather(0, score.argmin(0, keepdim=True))[0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(min_value=-1e30, max_value=1e30, allow_nan=False, allow_subnormal=False), min_size=1,
+                max_size=32))
+def test_correct_rounding_picks_the_nearest_bf16(values):
+    exact = torch.tensor(values, dtype=torch.float64)
+    assert torch.equal(correctly_rounded(exact, torch.bfloat16), _nearest_bf16(exact))
+
+
+def test_double_rounding_through_float32_is_avoided():
+    # 1 + 2^-8 + 2^-30: float32 rounds it to 1 + 2^-8 (a bf16 tie), which then rounds to even (1.0);
+    # the nearest bf16 is 1 + 2^-7
+    exact = torch.tensor([1 + 2**-8 + 2**-30], dtype=torch.float64)
+    assert exact.to(torch.bfloat16).item() == 1.0
+    assert correctly_rounded(exact, torch.bfloat16).item() == 1 + 2**-7
+
+
+def test_thresholds_order():
+    assert ROUNDING_ULPS * 2.0**-23 < LOGIC_RELATIVE and CORRECTLY_ROUNDED < 1

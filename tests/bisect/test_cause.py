@@ -13,6 +13,7 @@ import tdiff
 from tdiff.bisect import BisectResult, bisect_dumps
 from tdiff.bisect.cause import CORRECTLY_ROUNDED, LOGIC_RELATIVE, ROUNDING_ULPS
 from tdiff.bisect.reference import correctly_rounded
+from tests.bisect.exact import nearest_bf16
 
 
 class Wrapper(torch.nn.Module):
@@ -171,7 +172,7 @@ def test_the_share_and_ulps_are_those_of_the_tensors(tmp_path):
     a, b = RMSNorm(64).bfloat16(), RMSNorm(64, variance_dtype=torch.bfloat16).bfloat16()
     cause = bisected(tmp_path, a, b, x).first_divergence.cause
     exact = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6) * a.weight.double()
-    nearest = _nearest_bf16(exact)
+    nearest = nearest_bf16(exact)
     with torch.no_grad():
         for module, equal, ulp in ((a, cause.equal_a, cause.ulp_a), (b, cause.equal_b, cause.ulp_b)):
             out = module(x)
@@ -180,26 +181,12 @@ def test_the_share_and_ulps_are_those_of_the_tensors(tmp_path):
             assert ulp == pytest.approx(float((out.double() - exact).abs().max()) / spacing)
 
 
-def _nearest_bf16(exact):
-    """Each value's nearest bfloat16 (ties to the even one), chosen among the bfloat16 values
-    next to a first guess: an independent check of correctly_rounded."""
-    guess = exact.to(torch.bfloat16)
-    bits = guess.view(torch.int16)
-    candidates = torch.stack([(bits + step).view(torch.bfloat16) for step in (-1, 0, 1)])
-    distance = (candidates.double() - exact).abs().nan_to_num(nan=math.inf)  # (0's bits - 1: a NaN)
-    best = distance.min(0).values
-    even = (torch.stack([bits - 1, bits, bits + 1]) % 2 == 0)
-    # the nearest; between two equally near, the one whose last bit is 0
-    score = torch.where(distance == best, torch.where(even, 0, 1), 2)
-    return candidates.gather(0, score.argmin(0, keepdim=True))[0]
-
-
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.floats(min_value=-1e30, max_value=1e30, allow_nan=False, allow_subnormal=False), min_size=1,
                 max_size=32))
-def test_correct_rounding_picks_the_nearest_bf16(values):
+def test_correct_rounding_picks_thenearest_bf16(values):
     exact = torch.tensor(values, dtype=torch.float64)
-    assert torch.equal(correctly_rounded(exact, torch.bfloat16), _nearest_bf16(exact))
+    assert torch.equal(correctly_rounded(exact, torch.bfloat16), nearest_bf16(exact))
 
 
 def test_double_rounding_through_float32_is_avoided():

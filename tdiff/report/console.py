@@ -256,8 +256,6 @@ def render_bisect(result: BisectResult, console: Console) -> None:
         say(f"  {escape(d.description)}")
         if d.op is not None:
             say(f"  {escape(d.op.describe())}")
-        if d.cause is not None:
-            say(f"  {escape(d.cause.line())}")
         # the full verdict where this process compared the tensor; read back from JSON, its figures
         figures = describe(d.first, result.tolerance) if d.first is not None else _describe_metrics(d)
         say(f"  first differing tensor {escape(d.name)}: {escape(figures)}")
@@ -267,6 +265,8 @@ def render_bisect(result: BisectResult, console: Console) -> None:
             equal = f"; {tokens.equal:,}/{tokens.compared:,} tokens equal" if tokens is not None else ""
             say(f"  first differing token: position {t['position']} of sequence {t['seq_a']} (A, step "
                 f"{t['step_a']}) / {t['seq_b']} (B, step {t['step_b']}){equal}")
+        if d.cause is not None:
+            say(f"  {escape(d.cause.line())}")
         if result.trail:
             chain = " > ".join(f"{escape(t.module or ROOT_LABEL)} (ULP at scale "
                                f"{fmt_number(t.metrics.max_ulp_at_scale)})" for t in result.trail)

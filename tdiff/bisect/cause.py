@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from tdiff.bisect.reference import NoReplay, Replay, correctly_rounded, replay_for
+from tdiff.bisect.reference import NoReplay, Replay, correctly_rounded, replay_for, residual_add
 from tdiff.bisect.result import Cause, Divergence
 from tdiff.compare.metrics import Tolerance, compare_tensors, ulp_at
 from tdiff.errors import DumpError
@@ -59,21 +59,23 @@ def cause_of(a: Dump, b: Dump, divergence: Divergence, tolerance: Tolerance) -> 
         return Cause.found("inherited", None, description=(
             f"the inputs of `{divergence.module}` already differ and their producer was not recorded: "
             "the divergence is inherited from upstream"))
-    if divergence.event != "output" or divergence.first is None:
+    residual = divergence.event == "between" and divergence.kind == "residual"
+    if (divergence.event != "output" and not residual) or divergence.first is None:
         return Cause.found("unknown", None, description=(
             "no exact replay: the culprit is code of a module's own forward between two recorded events, "
-            "not one module call (capture its ops with --ops to name the op)"))
+            "not one module call of a canonical op (capture its ops with --ops to name the op)"))
     first = divergence.first
     if first.a is None or first.b is None:
         return Cause.found("unknown", None, description="no exact replay: the culprit's output is on one side only")
     replays = []
     for side, dump, record in (("A", a, first.a), ("B", b, first.b)):
-        replay = _replay(dump, record)
+        replay = _residual_replay(dump, record) if residual else _replay(dump, record)
         if isinstance(replay, NoReplay):
-            return Cause.found("unknown", None, description=f"no exact replay of `{record.module}` on side {side}: "
+            where = f"the code of `{divergence.module}`" if residual else f"`{record.module}`"
+            return Cause.found("unknown", None, description=f"no exact replay of {where} on side {side}: "
                                                             f"{replay.missing}")
         replays.append(replay)
-    return _classify(replays[0], replays[1], divergence.module or "", tolerance)
+    return _classify(replays[0], replays[1], divergence.module or "", tolerance, guessed=residual)
 
 
 def _replay(dump: Dump, output: Record) -> Replay | NoReplay:
@@ -96,7 +98,47 @@ def _replay(dump: Dump, output: Record) -> Replay | NoReplay:
         return NoReplay(str(exc))
 
 
-def _classify(replay_a: Replay, replay_b: Replay, module: str, tolerance: Tolerance) -> Cause:
+def _residual_replay(dump: Dump, result: Record) -> Replay | NoReplay:
+    """The residual add of a pre-norm decoder layer, the code that made ``result`` (the first
+    differing tensor: the next child's input, or the layer's output): the output of the child just
+    before it (attention, MLP) plus the residual stream, which is the input of the child called
+    before that one (the norm that fed it): ``h + attn(norm(h))``."""
+    parent = result.parent if result.role == "input" else result.module
+    siblings = [r for r in dump.records if r.parent == parent and r.rank == result.rank and r.step == result.step
+                and r.seq < result.seq and r.module != result.module]
+    start = max((r.seq for r in dump.records if r.module == parent and r.role == "input" and r.rank == result.rank
+                 and r.step == result.step and r.seq < result.seq), default=-1)
+    siblings = [r for r in siblings if r.seq > start]   # this call of the layer only
+    outputs = [r for r in siblings if r.role == "output"]
+    if not outputs:
+        return NoReplay("no child output precedes it in this call: no residual add to replay")
+    last = outputs[-1].module
+    branch = next((r for r in outputs if r.module == last), None)
+    earlier = [r for r in siblings if r.role == "input" and r.module != last
+               and r.seq < min(s.seq for s in siblings if s.module == last)]
+    if branch is None or not earlier:
+        return NoReplay(f"no child was called before `{last}` in this call: the residual stream is not recorded")
+    norm_input = next(r for r in earlier if r.module == earlier[-1].module)   # that child's first input
+    if any(not r.has_data for r in (branch, norm_input, result)):
+        return NoReplay("it was captured in stats mode (no tensors); capture it in full mode")
+    try:
+        x, residual, out = dump.load(branch), dump.load(norm_input), dump.load(result)
+    except DumpError as exc:
+        return NoReplay(str(exc))
+    if not (x.shape == residual.shape == out.shape) or not out.is_floating_point():
+        return NoReplay(f"`{last}`'s output {list(x.shape)}, the residual {list(residual.shape)} and the result "
+                        f"{list(out.shape)} are not one residual add")
+    return Replay("residual add", {"residual": residual, last: x}, {result.name: out}, {}, {},
+                  lambda: {result.name: residual_add(_as_f64(residual), _as_f64(x))})
+
+
+def _as_f64(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.float64)
+
+
+def _classify(replay_a: Replay, replay_b: Replay, module: str, tolerance: Tolerance, *, guessed: bool = False) -> Cause:
+    """``guessed``: the op was inferred from where the culprit is (a residual add), not from a
+    module's class: where neither side computes it, it was not the op, and the cause is unknown."""
     op = replay_a.op if replay_a.op == replay_b.op else f"{replay_a.op} / {replay_b.op}"
     differing_inputs = _differing_inputs(replay_a, replay_b, tolerance)
     if differing_inputs is not None:
@@ -116,6 +158,9 @@ def _classify(replay_a: Replay, replay_b: Replay, module: str, tolerance: Tolera
         return Cause.found("logic", telling, differing=differing, **found, description=(
             f"the sides run different {op}s: {', '.join(differing)} ({tells}); {figures}"))
     beyond = [side for side, d in (("a", da), ("b", db)) if d.relative > LOGIC_RELATIVE]
+    if guessed and len(beyond) == 2:
+        return Cause.found("unknown", None, op=op, description=(
+            f"no exact replay: neither side's result is a {op} of the recorded tensors ({figures})"))
     if beyond:
         side = _single(beyond)
         who = f"side {side.upper()} departs" if side else "both sides depart"

@@ -34,6 +34,10 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
 
 
+def residual_add(residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return residual + x
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return F.linear(x, weight, bias)
 

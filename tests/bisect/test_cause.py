@@ -199,3 +199,42 @@ def test_double_rounding_through_float32_is_avoided():
 
 def test_thresholds_order():
     assert ROUNDING_ULPS * 2.0**-23 < LOGIC_RELATIVE and CORRECTLY_ROUNDED < 1
+
+
+class Layer(torch.nn.Module):
+    """A pre-norm block: h = x + attn(norm(x)), then post_attention_layernorm(h); ``add`` does the
+    residual add (side B's own, where planted)."""
+
+    def __init__(self, add):
+        super().__init__()
+        torch.manual_seed(0)
+        self.input_layernorm = RMSNorm(64)
+        self.self_attn = torch.nn.Linear(64, 64)
+        self.post_attention_layernorm = RMSNorm(64)
+        self.add = add
+
+    def forward(self, x):
+        return self.post_attention_layernorm(self.add(x, self.self_attn(self.input_layernorm(x))))
+
+
+class Model(torch.nn.Module):
+    def __init__(self, add):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([Layer(add)])
+
+    def forward(self, x):
+        return self.layers[0](x)
+
+
+@pytest.mark.parametrize("add, expected", [
+    (lambda x, y: (x.bfloat16() + y.bfloat16()).float(), ("precision", "b")),
+    (lambda x, y: x + 2 * y, ("logic", "b")),
+])
+def test_the_residual_add_of_a_decoder_layer_is_replayed(tmp_path, add, expected):
+    for side, model in (("a", Model(torch.add)), ("b", Model(add))):
+        with torch.no_grad(), tdiff.capture(tmp_path / side, params=True):
+            model(hidden(shape=(3, 64)))
+    d = bisect_dumps(tmp_path / "a", tmp_path / "b").first_divergence
+    assert (d.module, d.event, d.kind) == ("layers.0", "between", "residual")
+    assert (d.cause.cause_class, d.cause.side, d.cause.op) == (*expected, "residual add")
+    assert d.cause.ulp_a <= 0.5 and d.cause.equal_a == 1.0   # one float32 add rounds correctly

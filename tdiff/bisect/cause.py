@@ -59,29 +59,53 @@ def cause_of(a: Dump, b: Dump, divergence: Divergence, tolerance: Tolerance) -> 
         return Cause.found("inherited", None, description=(
             f"the inputs of `{divergence.module}` already differ and their producer was not recorded: "
             "the divergence is inherited from upstream"))
-    residual = divergence.event == "between" and divergence.kind == "residual"
-    if (divergence.event != "output" and not residual) or divergence.first is None:
-        return Cause.found("unknown", None, description=(
-            "no exact replay: the culprit is code of a module's own forward between two recorded events, "
-            "not one module call of a canonical op (capture its ops with --ops to name the op)"))
+    if divergence.event not in ("output", "between") or divergence.first is None:
+        return Cause.found("unknown", None, description="no exact replay: the culprit is not one module call")
     first = divergence.first
     if first.a is None or first.b is None:
         return Cause.found("unknown", None, description="no exact replay: the culprit's output is on one side only")
-    replays = []
-    for side, dump, record in (("A", a, first.a), ("B", b, first.b)):
-        replay = _residual_replay(dump, record) if residual else _replay(dump, record)
+    replays, guessed = [], False
+    for side, dump, record, module in (("A", a, first.a, divergence.module), ("B", b, first.b, divergence.module_b)):
+        replay, residual = _side_replay(dump, record, divergence.event, module, divergence.kind)
+        guessed = guessed or residual
         if isinstance(replay, NoReplay):
-            where = f"the code of `{divergence.module}`" if residual else f"`{record.module}`"
+            where = f"`{module}`" if module else "the code outside any module"
             return Cause.found("unknown", None, description=f"no exact replay of {where} on side {side}: "
                                                             f"{replay.missing}")
         replays.append(replay)
-    return _classify(replays[0], replays[1], divergence.module or "", tolerance, guessed=residual)
+    return _classify(replays[0], replays[1], divergence.module or "", tolerance, guessed=guessed)
+
+
+def _side_replay(dump: Dump, record: Record, event: str, module: str | None, kind: str) -> tuple[Replay | NoReplay, bool]:
+    """One side's replay of the culprit, whose first differing tensor is ``record``: the module's
+    call (event output); for code of ``module``'s own forward (event between), that whole call
+    where the module is a canonical op (its inputs matched, its output is what its code made),
+    else a decoder layer's residual add. Also says whether the op was inferred (the residual add)."""
+    if event == "output":
+        return _replay(dump, record), False
+    if module is None:
+        return NoReplay("the culprit is code outside any module"), False
+    output = _enclosing_output(dump, record, module)
+    replay = _replay(dump, output) if output is not None else NoReplay(f"the output of `{module}` was not recorded")
+    if isinstance(replay, NoReplay) and kind == "residual":
+        return _residual_replay(dump, record), True
+    if isinstance(replay, NoReplay):
+        replay = NoReplay(f"{replay.missing}; the culprit is code of its own forward between two recorded events "
+                          "(capture its ops with --ops to name the op)")
+    return replay, False
+
+
+def _enclosing_output(dump: Dump, record: Record, module: str) -> Record | None:
+    """The first output of ``module``'s call that encloses ``record`` (or is it)."""
+    return next((r for r in dump.records if r.module == module and r.role == "output" and r.rank == record.rank
+                 and r.step == record.step and r.part == record.part and r.seq >= record.seq), None)
 
 
 def _replay(dump: Dump, output: Record) -> Replay | NoReplay:
     """The replay of the call that made ``output``, with that call's recorded tensors."""
     call = [r for r in dump.records if r.module == output.module and r.step == output.step
-            and r.call == output.call and r.rank == output.rank and r.role in ("input", "output")]
+            and r.call == output.call and r.rank == output.rank and r.part == output.part
+            and r.role in ("input", "output")]
     if any(not r.has_data for r in call):
         return NoReplay("it was captured in stats mode (no tensors); capture it in full mode")
     try:

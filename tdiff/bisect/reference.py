@@ -12,6 +12,7 @@ it needs was not recorded, :class:`NoReplay` says what is missing.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,6 +53,17 @@ def gated(activation: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -
     """SGLang's ``SiluAndMul`` & co.: act(first half) * second half."""
     half = x.shape[-1] // 2
     return activation(x[..., :half]) * x[..., half:]
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, masked: torch.Tensor | None) -> torch.Tensor:
+    """softmax(q kᵀ * scale) v over [..., heads, s, d], keys and values repeated over their query
+    groups; ``masked`` (broadcastable to [..., heads, sq, sk]) true where a query must not attend."""
+    groups = q.shape[-3] // k.shape[-3]
+    k, v = k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3)
+    scores = q @ k.transpose(-1, -2) * scale
+    if masked is not None:
+        scores = scores.masked_fill(masked, -math.inf)
+    return torch.softmax(scores, dim=-1) @ v
 
 
 def rope_cos_sin(positions: torch.Tensor, theta: float, dim: int, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -282,6 +294,35 @@ def _rotary_apply(description, theta, ints, floats, outs) -> Replay | NoReplay:
     return Replay("RoPE", dict([ints[0], *floats[:2]]), dict(outs[:2]), used, {}, exact)
 
 
+def _core_attention(description, inputs, outputs, load) -> Replay | NoReplay:
+    """Megatron's ``DotProductAttention(query, key, value, attention_mask)``: [s, b, heads, d]
+    in, [sq, b, heads * d] out; the mask true where a query must not attend, or causal by
+    ``attn_mask_type`` where none is given."""
+    settings = description.settings
+    scale = settings.get("softmax_scale")
+    floats = [(sub, t) for sub, t in inputs.items() if t.is_floating_point()]
+    masks = [t for t in inputs.values() if t.dtype == torch.bool]
+    out = _first(outputs)
+    if scale is None or len(floats) < 3 or out is None or floats[0][1].dim() != 4:
+        return NoReplay(f"the `{description.module_class}` call is not (query, key, value) in [s, b, heads, d] "
+                        "with a recorded softmax_scale")
+    causal = not masks and settings.get("attn_mask_type") == "causal"
+    if not masks and not causal:
+        return NoReplay(f"the `{description.module_class}`'s mask was not recorded (attn_mask_type "
+                        f"{settings.get('attn_mask_type')!r}, no mask tensor)")
+    (_, q), (_, k), (_, v) = floats[:3]
+
+    def exact() -> dict[str, torch.Tensor]:
+        qh, kh, vh = (_f64(t).permute(1, 2, 0, 3) for t in (q, k, v))   # [b, heads, s, d]
+        sq, sk = q.shape[0], k.shape[0]
+        masked = masks[0] if masks else torch.ones(sq, sk, dtype=torch.bool).triu(1)
+        context = attention(qh, kh, vh, float(scale), masked)            # [b, heads, sq, d]
+        return {out[0]: context.permute(2, 0, 1, 3).reshape(out[1].shape)}
+
+    used = {"softmax_scale": float(scale), "mask": "causal" if causal else "given"}
+    return Replay("attention core", dict(floats[:3]), dict([out]), used, {}, exact)
+
+
 def _fingerprints(description: ModuleDescription, names: tuple[str, ...]) -> dict[str, str]:
     params = description.params or {}
     return {name: params[name].fingerprint for name in names if name in params}
@@ -290,6 +331,7 @@ def _fingerprints(description: ModuleDescription, names: tuple[str, ...]) -> dic
 # (class-name pattern, replay builder): the first that matches wins
 _BUILDERS: list[tuple[re.Pattern, Callable[..., Replay | NoReplay]]] = [
     (re.compile(r"rotary|rope", re.IGNORECASE), _rotary),
+    (re.compile(r"^dotproductattention$", re.IGNORECASE), _core_attention),
     (re.compile(r"norm", re.IGNORECASE), _norm),
     (re.compile(r"logsoftmax|^softmax$", re.IGNORECASE), _softmax),
     (re.compile(r"silu|gelu|relu|^sigmoid$|^tanh$|andmul", re.IGNORECASE), _activation),

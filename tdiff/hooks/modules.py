@@ -1,13 +1,15 @@
 """Describe each recorded module once: its class, its scalar settings and (``--params``) its
 parameters, for bisect's exact-reference replay (tdiff.store.modules says the format).
 
-Settings are the module's own public scalar attributes (``variance_epsilon``, ``eps``, ``base``,
-``rotary_dim``, ``is_neox_style``, ``approximate``...: whatever names its framework gives them)
+Settings are the module's own public scalar and enum attributes (``variance_epsilon``, ``eps``,
+``base``, ``rotary_dim``, ``is_neox_style``, ``approximate``, ``attn_mask_type``...: whatever names
+its framework gives them)
 and the few of its ``config`` that a canonical op reads (RoPE theta and type, norm epsilons).
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 import os
@@ -30,7 +32,7 @@ _SCALARS = (bool, int, float, str)
 def module_settings(module: torch.nn.Module) -> dict:
     """The scalar settings of ``module`` (see the module docstring)."""
     settings = {name: _json_scalar(value) for name, value in vars(module).items()
-                if not name.startswith("_") and name != "training" and isinstance(value, _SCALARS)}
+                if not name.startswith("_") and name != "training" and isinstance(value, (*_SCALARS, enum.Enum))}
     config = getattr(module, "config", None)
     if config is not None:
         for name in _CONFIG_SETTINGS:
@@ -44,7 +46,10 @@ def module_settings(module: torch.nn.Module) -> dict:
 
 
 def _json_scalar(value):
-    """JSON holds no NaN or infinity: those are written as their names."""
+    """JSON holds no NaN or infinity: those are written as their names; an enum member
+    (Megatron's ``AttnMaskType.causal``) as its name."""
+    if isinstance(value, enum.Enum):
+        return value.name
     return str(value) if isinstance(value, float) and not math.isfinite(value) else value
 
 

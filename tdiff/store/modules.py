@@ -21,12 +21,13 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
+from typing import TYPE_CHECKING
 
 from tdiff.errors import DumpError
-from tdiff.store.dtypes import from_bytes_view, stored_nbytes
 from tdiff.store.files import MAX_MANIFEST_LINE, read_regular
-from tdiff.store.fingerprint import xxh3_fingerprint
+
+if TYPE_CHECKING:
+    import torch
 
 MODULES_DIR = "modules"
 PARAMS_DIR = "params"   # inside MODULES_DIR
@@ -96,6 +97,11 @@ def read_module_descriptions(dump_path: Path) -> dict[tuple[int, str], ModuleDes
 
 def load_param(dump_path: Path, entry: ParamEntry) -> torch.Tensor:
     """A stored parameter, checked against its fingerprint."""
+    import torch  # (here: `tdiff capture --help` reads this module's constants without torch)
+
+    from tdiff.store.dtypes import from_bytes_view, stored_nbytes
+    from tdiff.store.fingerprint import xxh3_fingerprint
+
     path = Path(dump_path) / MODULES_DIR / PARAMS_DIR / param_file(entry.fingerprint)
     if not path.is_file():
         raise DumpError(f"{path}: parameter file missing")

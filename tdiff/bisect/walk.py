@@ -22,6 +22,7 @@ from pathlib import Path
 
 from tdiff.bisect.cause import cause_of
 from tdiff.bisect.ops import descend
+from tdiff.bisect.swap import swap_of
 from tdiff.bisect.events import (Stream, enclosing_outputs, last_child_event, parent_of,
                                  previous_at_level, split_streams)
 from tdiff.bisect.result import BisectResult, Divergence, TrailEntry
@@ -70,6 +71,7 @@ def bisect_dumps(dump_a: Dump | str | Path, dump_b: Dump | str | Path, *,
         result.first_divergence, result.trail = _locate(stream, index, comparison, comparator)
         result.notes += descend(a, b, result.first_divergence, comparator)  # the op, from op records
         result.first_divergence.cause = cause_of(a, b, result.first_divergence, tolerance)  # which side is right
+        result.first_divergence.swap = swap_of(a, b, result.first_divergence)  # each side's op on the other's inputs
     return result
 
 

@@ -32,7 +32,7 @@ _SCALARS = (bool, int, float, str)
 def module_settings(module: torch.nn.Module) -> dict:
     """The scalar settings of ``module`` (see the module docstring)."""
     settings = {name: _json_scalar(value) for name, value in vars(module).items()
-                if not name.startswith("_") and name != "training" and isinstance(value, (*_SCALARS, enum.Enum))}
+                if not name.startswith("_") and name != "training" and _is_setting(value)}
     config = getattr(module, "config", None)
     if config is not None:
         for name in _CONFIG_SETTINGS:
@@ -45,11 +45,20 @@ def module_settings(module: torch.nn.Module) -> dict:
     return settings
 
 
+def _is_setting(value) -> bool:
+    """A scalar, an enum member, or a short tuple of scalars (torch's ``normalized_shape``)."""
+    if isinstance(value, (*_SCALARS, enum.Enum)):
+        return True
+    return isinstance(value, tuple) and len(value) <= 8 and all(isinstance(item, _SCALARS) for item in value)
+
+
 def _json_scalar(value):
     """JSON holds no NaN or infinity: those are written as their names; an enum member
     (Megatron's ``AttnMaskType.causal``) as its name."""
     if isinstance(value, enum.Enum):
         return value.name
+    if isinstance(value, tuple):
+        return [_json_scalar(item) for item in value]
     return str(value) if isinstance(value, float) and not math.isfinite(value) else value
 
 
@@ -71,9 +80,13 @@ class ModuleDescriber:
         if key in self._described:
             return
         self._described.add(key)
-        line = {"module": path, "rank": rank, "class": type(module).__name__, "settings": module_settings(module)}
+        cls = type(module)
+        line = {"module": path, "rank": rank, "class": cls.__name__, "class_path": f"{cls.__module__}:{cls.__qualname__}",
+                "settings": module_settings(module)}
         if self.params:
-            line["params"] = {name: self._store(tensor) for name, tensor in _own_tensors(module)}
+            buffers = {name for name, _ in module.named_buffers(recurse=False)}
+            line["params"] = {name: {**self._store(tensor), **({"buffer": True} if name in buffers else {})}
+                              for name, tensor in _own_tensors(module)}
         folder = self.root / MODULES_DIR
         folder.mkdir(exist_ok=True)
         with open(folder / f"{part}.jsonl", "a", encoding="utf-8") as file:

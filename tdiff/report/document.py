@@ -281,6 +281,8 @@ def bisect_blocks(result: BisectResult) -> list[Block]:
         more = len(trail) - len(shown)
         rows.append(["trail (enclosing modules that also differ)", cell + ((f", and {more} more",) if more else ())])
     cause = [Paragraph((Strong("Cause:"), " ", found.cause.line().removeprefix("cause: ")))] if found.cause else []
+    cause += [Paragraph((Strong("Swap:"), " ", line.removeprefix("swap: "))) for line in
+              (found.swap.lines() if found.swap is not None else [])]
     return [Paragraph(headline), *cause, Table("bisect-result", None, ["", "value"], rows)]
 
 

@@ -9,10 +9,12 @@ fingerprint (dtype, shape and bytes): layers that share a tensor, and processes 
 same one, store it once. Bisect's exact-reference replay (tdiff.bisect.cause) reads them.
 
     {"module": "model.layers.1.post_attention_layernorm", "rank": 0, "class": "Qwen2RMSNorm",
-     "settings": {"variance_epsilon": 1e-06, "hidden_size": 64},
+     "class_path": "transformers.models.qwen2.modeling_qwen2:Qwen2RMSNorm",
+     "settings": {"variance_epsilon": 1e-06},
      "params": {"weight": {"fingerprint": "xxh3:…", "dtype": "bfloat16", "shape": [64]}}}
 
-``params`` is absent where parameters were not captured (no ``--params``).
+``params`` is absent where parameters were not captured (no ``--params``); a buffer's entry
+carries ``"buffer": true``.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class ParamEntry:
     fingerprint: str
     dtype: str
     shape: tuple[int, ...]
+    buffer: bool = False      # a buffer (``register_buffer``), not a parameter
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class ModuleDescription:
     module_class: str
     settings: dict
     params: dict[str, ParamEntry] | None   # None: the capture did not store parameters
+    class_path: str | None = None           # "package.module:Class" (None in older dumps)
 
     @classmethod
     def from_json(cls, data: object, where: str) -> ModuleDescription:
@@ -62,12 +66,14 @@ class ModuleDescription:
             assert isinstance(data, dict)
             params = data.get("params")
             entries = None if params is None else {
-                name: ParamEntry(str(p["fingerprint"]), str(p["dtype"]), tuple(int(n) for n in p["shape"]))
+                name: ParamEntry(str(p["fingerprint"]), str(p["dtype"]), tuple(int(n) for n in p["shape"]),
+                                 bool(p.get("buffer", False)))
                 for name, p in params.items()}
             settings = data.get("settings", {})
             assert isinstance(settings, dict)
+            class_path = data.get("class_path")
             return cls(module=str(data["module"]), rank=int(data["rank"]), module_class=str(data["class"]),
-                       settings=settings, params=entries)
+                       settings=settings, params=entries, class_path=str(class_path) if class_path else None)
         except (AssertionError, KeyError, TypeError, ValueError, AttributeError):
             raise DumpError(f"{where}: not a module description") from None
 

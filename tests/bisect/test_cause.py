@@ -238,3 +238,52 @@ def test_the_residual_add_of_a_decoder_layer_is_replayed(tmp_path, add, expected
     assert (d.module, d.event, d.kind) == ("layers.0", "between", "residual")
     assert (d.cause.cause_class, d.cause.side, d.cause.op) == (*expected, "residual add")
     assert d.cause.ulp_a <= 0.5 and d.cause.equal_a == 1.0   # one float32 add rounds correctly
+
+
+def test_the_swap_runs_each_sides_framework_op_on_the_other_sides_inputs(tmp_path):
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+
+    torch.manual_seed(0)
+    a, b = torch.nn.RMSNorm(64, eps=1e-6).bfloat16(), Qwen2RMSNorm(64, eps=1e-6).bfloat16()
+    with torch.no_grad():
+        a.weight.copy_(torch.linspace(0.5, 1.5, 64))
+        b.weight.copy_(a.weight)
+    x = hidden(shape=(16, 64), dtype=torch.bfloat16) * 3
+    with torch.no_grad():
+        assert not torch.equal(a(x), b(x)), "premise: torch's and transformers' RMSNorm round differently"
+    swap = bisected(tmp_path, a, b, x).first_divergence.swap
+    assert (swap.b_on_a.module_class, swap.a_on_b.module_class) == (
+        "transformers.models.qwen2.modeling_qwen2:Qwen2RMSNorm", "torch.nn.modules.normalization:RMSNorm")
+    # on identical inputs each side's op gives its own output: the op differs, not the inputs
+    assert (swap.b_on_a.equals_own, swap.b_on_a.equals_other, swap.b_on_a.problem) == (True, False, None)
+    assert (swap.a_on_b.equals_own, swap.a_on_b.equals_other) == (True, False)
+    assert "the op itself differs" in swap.b_on_a.describe()
+    assert BisectResult.from_json(bisect_dumps(tmp_path / "a", tmp_path / "b").to_json()).first_divergence.swap == swap
+
+
+def test_under_a_tolerance_the_swap_tells_inputs_from_the_kernel(tmp_path):
+    """Inputs within the tolerance, amplified beyond it by a large weight: side B's own op on side
+    A's inputs gives side A's output bitwise."""
+    x = hidden(shape=(4, 64))
+    nudged = x.clone()
+    nudged[0, 0] = torch.nextafter(x[0, 0], torch.tensor(math.inf))
+    layer = torch.nn.Linear(64, 8)
+    with torch.no_grad():   # the nudged element times 1e6, nothing else: its ULP shows in the output
+        layer.weight.zero_()
+        layer.weight[:, 0] = 1e6
+        layer.bias.zero_()
+    for side, value in (("a", x), ("b", nudged)):
+        with torch.no_grad(), tdiff.capture(tmp_path / side, params=True):
+            Wrapper(layer)(value)
+    from tdiff.compare.metrics import Tolerance
+
+    d = bisect_dumps(tmp_path / "a", tmp_path / "b", tolerance=Tolerance(atol=1e-5, rtol=0.0)).first_divergence
+    assert (d.module, d.event) == ("op", "output")
+    assert (d.swap.b_on_a.equals_other, d.swap.a_on_b.equals_other) == (True, True)
+    assert "the same kernel, the inputs make the difference" in d.swap.b_on_a.describe()
+
+
+def test_a_class_outside_the_frameworks_is_not_imported_from_a_dump(tmp_path):
+    d = bisected(tmp_path, RMSNorm(64), RMSNorm(64, eps=0.1), hidden(shape=(2, 64))).first_divergence
+    assert "a swap imports only those" in d.swap.b_on_a.problem
+    assert d.swap.b_on_a.equals_own is None

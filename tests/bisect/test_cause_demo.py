@@ -45,6 +45,12 @@ def test_the_demo_bisect_states_both_sides_figures_against_the_exact_rmsnorm(tmp
         expected = ("precision", lossy[0]) if len(lossy) == 1 else ("rounding", None)
         assert (cause["class"], cause["side"]) == expected
 
+    # the swap: side B's norm, rebuilt from its class, is HF's unpatched one: it does not give B's
+    # output, and says so; side A's on side B's (identical) inputs gives A's output
+    swap = first["swap"]
+    assert "does not reproduce its own output" in swap["b_on_a"]["problem"]
+    assert (swap["a_on_b"]["equals_own"], swap["a_on_b"]["equals_other"]) == (True, False)
+
     line = next(line for line in tdiff_cli("bisect", tmp_path / "a", tmp_path / "b").output.splitlines()
                 if "cause:" in line)
     assert f"side A equals the exact RMSNorm correctly rounded in {_percent(share['a'])}" in line

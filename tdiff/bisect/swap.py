@@ -15,6 +15,7 @@ constructor sets up), the swap says so and concludes nothing.
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -112,11 +113,15 @@ def _rebuild(description: ModuleDescription, load: Callable[[str], torch.Tensor]
         cls = getattr(cls, part)
     if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
         raise TypeError(f"{description.class_path} is not a torch.nn.Module")
-    module = cls.__new__(cls)
-    torch.nn.Module.__init__(module)
-    for name, value in description.settings.items():
+    settings = {name: tuple(value) if isinstance(value, list) else value
+                for name, value in description.settings.items() if "." not in name}
+    module = _constructed(cls, settings)
+    if module is None:
+        module = cls.__new__(cls)
+        torch.nn.Module.__init__(module)
+    for name, value in settings.items():
         if "." not in name:
-            setattr(module, name, tuple(value) if isinstance(value, list) else value)
+            setattr(module, name, value)
     for name, entry in (description.params or {}).items():
         tensor = load(name)
         if entry.buffer:
@@ -124,6 +129,29 @@ def _rebuild(description: ModuleDescription, load: Callable[[str], torch.Tensor]
         else:
             module.register_parameter(name, torch.nn.Parameter(tensor, requires_grad=False))
     return module
+
+
+def _constructed(cls: type, settings: dict) -> torch.nn.Module | None:
+    """``cls`` built by its constructor from the recorded settings its parameters are named after
+    (SGLang's ops pick their forward there), or None where it needs an argument the dump does not
+    hold, or fails: the module is then assembled without it."""
+    try:
+        parameters = list(inspect.signature(cls).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    arguments = {}
+    for parameter in parameters:
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        if parameter.name in settings:
+            arguments[parameter.name] = settings[parameter.name]
+        elif parameter.default is parameter.empty:
+            return None
+    try:
+        module = cls(**arguments)
+    except Exception:  # noqa: BLE001 - a framework's constructor may want its whole runtime set up
+        return None
+    return module if isinstance(module, torch.nn.Module) else None
 
 
 def _call(module: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | str:

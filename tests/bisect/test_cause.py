@@ -13,7 +13,7 @@ import tdiff
 from tdiff.bisect import BisectResult, bisect_dumps
 from tdiff.bisect.cause import CORRECTLY_ROUNDED, LOGIC_RELATIVE, ROUNDING_ULPS
 from tdiff.bisect.reference import correctly_rounded
-from tests.bisect.exact import nearest_bf16
+from tests.bisect.exact import exact_rms_norm, nearest_bf16
 
 
 class Wrapper(torch.nn.Module):
@@ -287,3 +287,31 @@ def test_a_class_outside_the_frameworks_is_not_imported_from_a_dump(tmp_path):
     d = bisected(tmp_path, RMSNorm(64), RMSNorm(64, eps=0.1), hidden(shape=(2, 64))).first_divergence
     assert "a swap imports only those" in d.swap.b_on_a.problem
     assert d.swap.b_on_a.equals_own is None
+
+
+def test_sglangs_rmsnorm_against_transformers_names_hfs_double_rounding_and_swaps_both_ways(tmp_path):
+    """Real SGLang RMSNorm (native forward on the CPU) against transformers' Qwen2RMSNorm, with
+    the same non-unit weight: HF rounds the normalised values to bf16 before the weight's multiply
+    (two roundings), SGLang once. Each framework's op, rebuilt from the dump, gives its own output
+    on the other side's (identical) inputs: the ops differ, not the inputs."""
+    from tests.stacks.sglang import install_import_shims
+
+    install_import_shims()
+    from sglang.srt.layers.layernorm import RMSNorm as SGLangRMSNorm
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+
+    a, b = Qwen2RMSNorm(64, eps=1e-6).bfloat16(), SGLangRMSNorm(64, eps=1e-6).bfloat16()
+    with torch.no_grad():
+        a.weight.copy_(torch.linspace(0.5, 1.5, 64))
+        b.weight.copy_(a.weight)
+    x = hidden(shape=(16, 64), dtype=torch.bfloat16) * 3
+    d = bisected(tmp_path, a, b, x).first_divergence
+    exact = exact_rms_norm(x, a.weight.detach(), 1e-6)
+    with torch.no_grad():
+        share = {side: float((module(x) == nearest_bf16(exact)).double().mean()) for side, module in (("a", a), ("b", b))}
+    assert (d.cause.equal_a, d.cause.equal_b) == (pytest.approx(share["a"]), pytest.approx(share["b"]))
+    if share["b"] >= CORRECTLY_ROUNDED and share["a"] < 0.9:
+        assert (d.cause.cause_class, d.cause.side) == ("precision", "a")
+    assert d.swap.b_on_a.module_class == "sglang.srt.layers.layernorm:RMSNorm"
+    for run in (d.swap.b_on_a, d.swap.a_on_b):
+        assert (run.problem, run.equals_own, run.equals_other) == (None, True, False)

@@ -73,7 +73,12 @@ def cause_of(a: Dump, b: Dump, divergence: Divergence, tolerance: Tolerance) -> 
             return Cause.found("unknown", None, description=f"no exact replay of {where} on side {side}: "
                                                             f"{replay.missing}")
         replays.append(replay)
-    return _classify(replays[0], replays[1], divergence.module or "", tolerance, guessed=guessed)
+    try:
+        return _classify(replays[0], replays[1], divergence.module or "", tolerance, guessed=guessed)
+    except (RuntimeError, ValueError, IndexError) as exc:   # recorded tensors the op cannot take together
+        return Cause.found("unknown", None, op=replays[0].op, description=(
+            f"no exact replay: the {replays[0].op} does not run on the recorded tensors ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''})"))
 
 
 def _side_replay(dump: Dump, record: Record, event: str, module: str | None, kind: str) -> tuple[Replay | NoReplay, bool]:
@@ -128,10 +133,10 @@ def _residual_replay(dump: Dump, result: Record) -> Replay | NoReplay:
     before it (attention, MLP) plus the residual stream, which is the input of the child called
     before that one (the norm that fed it): ``h + attn(norm(h))``."""
     parent = result.parent if result.role == "input" else result.module
-    siblings = [r for r in dump.records if r.parent == parent and r.rank == result.rank and r.step == result.step
-                and r.seq < result.seq and r.module != result.module]
-    start = max((r.seq for r in dump.records if r.module == parent and r.role == "input" and r.rank == result.rank
-                 and r.step == result.step and r.seq < result.seq), default=-1)
+    same_process = [r for r in dump.records if r.rank == result.rank and r.step == result.step
+                    and r.part == result.part and r.seq < result.seq]
+    siblings = [r for r in same_process if r.parent == parent and r.module != result.module]
+    start = max((r.seq for r in same_process if r.module == parent and r.role == "input"), default=-1)
     siblings = [r for r in siblings if r.seq > start]   # this call of the layer only
     outputs = [r for r in siblings if r.role == "output"]
     if not outputs:

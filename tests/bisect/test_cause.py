@@ -315,3 +315,39 @@ def test_sglangs_rmsnorm_against_transformers_names_hfs_double_rounding_and_swap
     assert d.swap.b_on_a.module_class == "sglang.srt.layers.layernorm:RMSNorm"
     for run in (d.swap.b_on_a, d.swap.a_on_b):
         assert (run.problem, run.equals_own, run.equals_other) == (None, True, False)
+
+
+
+@pytest.mark.parametrize("module, why", [
+    (lambda: Linear(), "does not map its input"),                    # refused before it runs
+    (lambda: LayerNorm(), "does not run on the recorded tensors"),         # a weight F.layer_norm refuses
+])
+def test_recorded_tensors_the_op_cannot_take_make_the_cause_unknown_not_a_crash(tmp_path, module, why):
+    a, b = module(), module()
+    own = b.forward
+    b.forward = lambda x: own(x) * 1.5
+    d = bisected(tmp_path, a, b, hidden(shape=(4, 8))).first_divergence
+    assert d.cause.cause_class == "unknown" and why in d.cause.description
+
+
+class Linear(torch.nn.Module):
+    """Named like a linear layer, its weight laid out otherwise."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(2, 3))
+
+    def forward(self, x):
+        return x * self.weight.sum()
+
+
+class LayerNorm(torch.nn.Module):
+    """Named like a layer norm, its weight one scalar."""
+
+    def __init__(self):
+        super().__init__()
+        self.eps = 1e-5
+        self.weight = torch.nn.Parameter(torch.full((1,), 2.0))
+
+    def forward(self, x):
+        return F.layer_norm(x, x.shape[-1:], eps=self.eps) * self.weight

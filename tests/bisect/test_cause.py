@@ -93,14 +93,33 @@ def test_an_fp16_matmul_on_side_a_is_precision_on_a(tmp_path):
     assert cause.ulp_b <= ROUNDING_ULPS < cause.ulp_a
 
 
-@settings(max_examples=4, deadline=None)
-@given(seed=st.integers(0, 2**16), swap=st.booleans())
-def test_swapping_the_sides_swaps_the_side_named_and_keeps_the_class(tmp_path_factory, seed, swap):
+PLANTS = {
+    "bf16 variance": lambda: RMSNorm(64, variance_dtype=torch.bfloat16),
+    "eps": lambda: RMSNorm(64, eps=0.1),
+    "scaled output": lambda: Scaled(RMSNorm(64)),
+}
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self, norm):
+        super().__init__()
+        self.norm = norm
+
+    def forward(self, x):
+        return self.norm(x) * 1.5
+
+
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 2**16), plant=st.sampled_from(sorted(PLANTS)))
+def test_swapping_the_sides_swaps_the_side_named_and_the_figures_and_keeps_the_class(tmp_path_factory, seed, plant):
     tmp_path = tmp_path_factory.mktemp("swap")
-    lossy, exact = RMSNorm(64, variance_dtype=torch.bfloat16), RMSNorm(64)
-    pair = (lossy, exact) if swap else (exact, lossy)
-    cause = bisected(tmp_path, *pair, hidden(seed, (3, 64))).first_divergence.cause
-    assert (cause.cause_class, cause.side) == ("precision", "a" if swap else "b")
+    bisected(tmp_path, RMSNorm(64), PLANTS[plant](), hidden(seed, (3, 64)))
+    forward = bisect_dumps(tmp_path / "a", tmp_path / "b").first_divergence.cause
+    backward = bisect_dumps(tmp_path / "b", tmp_path / "a").first_divergence.cause
+    other = {"a": "b", "b": "a", None: None}
+    assert (backward.cause_class, backward.side) == (forward.cause_class, other[forward.side])
+    assert (backward.ulp_a, backward.ulp_b, backward.equal_a, backward.equal_b) == (
+        forward.ulp_b, forward.ulp_a, forward.equal_b, forward.equal_a)
 
 
 def test_a_wrong_eps_is_logic_and_names_the_settings(tmp_path):

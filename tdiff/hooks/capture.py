@@ -152,7 +152,7 @@ class Capture:
         self._ops = OpRecorder([ops] if isinstance(ops, str) else ops) if ops else None
         self._pending_tokens: TokenBatch | None = None   # tdiff.tokens() given before its forward ran
         self._tokens_step: int | None = None       # the last step whose tokens were recorded
-        self._modules = ModuleDescriber(self.root, params)   # each recorded module's settings (and --params)
+        self._modules = ModuleDescriber(self.root, params, self.note)   # each recorded module's settings (and --params)
         self._graft = None
         if graft is not None:  # bisect --graft: feed one call another run's inputs (tdiff.hooks.graft)
             from tdiff.hooks.graft import InputGraft

@@ -13,6 +13,7 @@ import enum
 import json
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -66,9 +67,11 @@ class ModuleDescriber:
     """Writes ``modules/<part>.jsonl`` for one process (a forked child's part gets its own file)
     and, with ``params``, each parameter's bytes once per dump."""
 
-    def __init__(self, root: Path, params: bool):
+    def __init__(self, root: Path, params: bool, note: Callable[[str], None]):
         self.root = Path(root)
         self.params = params
+        self._note = note            # says in the dump what could not be written
+        self._failed = False
         self._part: str | None = None
         self._described: set[tuple[int, str]] = set()
 
@@ -77,9 +80,17 @@ class ModuleDescriber:
         if part != self._part:
             self._part, self._described = part, set()
         key = (rank, path)
-        if key in self._described:
+        if key in self._described or self._failed:
             return
         self._described.add(key)
+        try:
+            self._write(module, path, rank, part)
+        except OSError as exc:   # the captured program must not fail for it: the dump says so
+            self._failed = True
+            self._note(f"module descriptions (and --params) stop at `{path or '(model)'}`: cannot write them "
+                       f"({exc.strerror or exc}); bisect cannot replay the culprit's op")
+
+    def _write(self, module: torch.nn.Module, path: str, rank: int, part: str) -> None:
         cls = type(module)
         line = {"module": path, "rank": rank, "class": cls.__name__, "class_path": f"{cls.__module__}:{cls.__qualname__}",
                 "settings": module_settings(module)}

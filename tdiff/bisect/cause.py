@@ -9,8 +9,9 @@ the exact result correctly rounded to that dtype. Then:
 - ``inherited``: the two sides' inputs differ beyond the tolerance (the culprit is upstream), or
   the first differing event is an input whose producer was not recorded;
 - ``logic``: the settings or parameters the op reads differ and give other exact results
-  (``eps 1e-06 vs 0.1``), or a side is further from its exact result than any float format's
-  rounding explains (more than LOGIC_RELATIVE of the tensor's scale): its op is another one;
+  (``eps 1e-06 vs 0.1``), or one side is further from its exact result than any float format's
+  rounding explains (more than LOGIC_RELATIVE of the tensor's scale): its op is another one
+  (where both are, the module computes another op than the canonical one: ``unknown``);
 - ``rounding``: both sides within ROUNDING_ULPS of it (accumulation order, kernel choice);
 - ``precision``: one side within rounding, the other beyond it (a lower-precision step), named;
   or both within a few ULPs, one correctly rounded (CORRECTLY_ROUNDED of the elements) and the
@@ -64,40 +65,39 @@ def cause_of(a: Dump, b: Dump, divergence: Divergence, tolerance: Tolerance) -> 
     first = divergence.first
     if first.a is None or first.b is None:
         return Cause.found("unknown", None, description="no exact replay: the culprit's output is on one side only")
-    replays, guessed = [], False
+    replays = []
     for side, dump, record, module in (("A", a, first.a, divergence.module), ("B", b, first.b, divergence.module_b)):
-        replay, residual = _side_replay(dump, record, divergence.event, module, divergence.kind)
-        guessed = guessed or residual
+        replay = _side_replay(dump, record, divergence.event, module, divergence.kind)
         if isinstance(replay, NoReplay):
             where = f"`{module}`" if module else "the code outside any module"
             return Cause.found("unknown", None, description=f"no exact replay of {where} on side {side}: "
                                                             f"{replay.missing}")
         replays.append(replay)
     try:
-        return _classify(replays[0], replays[1], divergence.module or "", tolerance, guessed=guessed)
+        return _classify(replays[0], replays[1], divergence.module or "", tolerance)
     except (RuntimeError, ValueError, IndexError) as exc:   # recorded tensors the op cannot take together
         return Cause.found("unknown", None, op=replays[0].op, description=(
             f"no exact replay: the {replays[0].op} does not run on the recorded tensors ({type(exc).__name__}: "
             f"{str(exc).splitlines()[0] if str(exc) else ''})"))
 
 
-def _side_replay(dump: Dump, record: Record, event: str, module: str | None, kind: str) -> tuple[Replay | NoReplay, bool]:
+def _side_replay(dump: Dump, record: Record, event: str, module: str | None, kind: str) -> Replay | NoReplay:
     """One side's replay of the culprit, whose first differing tensor is ``record``: the module's
     call (event output); for code of ``module``'s own forward (event between), that whole call
     where the module is a canonical op (its inputs matched, its output is what its code made),
-    else a decoder layer's residual add. Also says whether the op was inferred (the residual add)."""
+    else a decoder layer's residual add."""
     if event == "output":
-        return _replay(dump, record), False
+        return _replay(dump, record)
     if module is None:
-        return NoReplay("the culprit is code outside any module"), False
+        return NoReplay("the culprit is code outside any module")
     output = _enclosing_output(dump, record, module)
     replay = _replay(dump, output) if output is not None else NoReplay(f"the output of `{module}` was not recorded")
     if isinstance(replay, NoReplay) and kind == "residual":
-        return _residual_replay(dump, record), True
+        return _residual_replay(dump, record)
     if isinstance(replay, NoReplay):
         replay = NoReplay(f"{replay.missing}; the culprit is code of its own forward between two recorded events "
                           "(capture its ops with --ops to name the op)")
-    return replay, False
+    return replay
 
 
 def _enclosing_output(dump: Dump, record: Record, module: str) -> Record | None:
@@ -165,9 +165,7 @@ def _as_f64(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.float64)
 
 
-def _classify(replay_a: Replay, replay_b: Replay, module: str, tolerance: Tolerance, *, guessed: bool = False) -> Cause:
-    """``guessed``: the op was inferred from where the culprit is (a residual add), not from a
-    module's class: where neither side computes it, it was not the op, and the cause is unknown."""
+def _classify(replay_a: Replay, replay_b: Replay, module: str, tolerance: Tolerance) -> Cause:
     op = replay_a.op if replay_a.op == replay_b.op else f"{replay_a.op} / {replay_b.op}"
     differing_inputs = _differing_inputs(replay_a, replay_b, tolerance)
     if differing_inputs is not None:
@@ -187,14 +185,13 @@ def _classify(replay_a: Replay, replay_b: Replay, module: str, tolerance: Tolera
         return Cause.found("logic", telling, differing=differing, **found, description=(
             f"the sides run different {op}s: {', '.join(differing)} ({tells}); {figures}"))
     beyond = [side for side, d in (("a", da), ("b", db)) if d.relative > LOGIC_RELATIVE]
-    if guessed and len(beyond) == 2:
+    if len(beyond) == 2:   # the module computes another op than this canonical one (a (1 + weight) norm)
         return Cause.found("unknown", None, op=op, description=(
-            f"no exact replay: neither side's result is a {op} of the recorded tensors ({figures})"))
+            f"no exact replay: neither side's result is a {op} of its recorded tensors ({figures})"))
     if beyond:
-        side = _single(beyond)
-        who = f"side {side.upper()} departs" if side else "both sides depart"
+        side = beyond[0]
         return Cause.found("logic", side, **found, description=(
-            f"{figures}: {who} from the {op} by more than any precision loss explains "
+            f"{figures}: side {side.upper()} departs from the {op} by more than any precision loss explains "
             f"(over {LOGIC_RELATIVE:.3g} of the tensor's scale): another formula, setting or positions"))
     lossy = [side for side, d in (("a", da), ("b", db)) if d.ulp > ROUNDING_ULPS]
     if not lossy:  # within a few ULPs both, but one rounds correctly and the other visibly does not
@@ -204,9 +201,9 @@ def _classify(replay_a: Replay, replay_b: Replay, module: str, tolerance: Tolera
         return Cause.found("rounding", None, **found, description=(
             f"{figures}: both within rounding of it: accumulation order or kernel choice "
             "(try deterministic / batch-invariant kernels)"))
-    side = _single(lossy)
-    who = f"{side.upper()} loses precision" if side else "both lose precision"
-    return Cause.found("precision", side, **found, description=f"{figures}: {who}")
+    losing = _single(lossy)
+    who = f"{losing.upper()} loses precision" if losing else "both lose precision"
+    return Cause.found("precision", losing, **found, description=f"{figures}: {who}")
 
 
 def _differing_inputs(replay_a: Replay, replay_b: Replay, tolerance: Tolerance) -> str | None:

@@ -165,7 +165,7 @@ def _norm(description, inputs, outputs, load) -> Replay | NoReplay:
     rms = "rms" in description.module_class.lower() or str(description.settings.get(
         "config.normalization", "")).lower() == "rmsnorm"
     eps = _setting(description.settings, _EPS_NAMES)
-    if eps is None:
+    if eps is None and "eps" not in description.settings:
         return NoReplay(f"no epsilon recorded for the `{description.module_class}`")
     params = _params(description, ("weight", "bias"), (), load)
     if isinstance(params, NoReplay):
@@ -175,7 +175,8 @@ def _norm(description, inputs, outputs, load) -> Replay | NoReplay:
     if not tensors or not outs:
         return NoReplay("the call's input or output tensor was not recorded")
     (_, x), *rest = tensors
-    eps_value = float(eps[1]) if eps[1] != "None" else torch.finfo(x.dtype).eps
+    # torch's RMSNorm with eps=None: the epsilon of the input's dtype
+    eps_value = float(eps[1]) if eps is not None else torch.finfo(x.dtype).eps
     weight, bias = _f64_or_none(params.get("weight")), _f64_or_none(params.get("bias"))
     fused = len(rest) >= 1 and len(outs) >= 2 and rest[0][1].shape == x.shape  # SGLang: norm(x + residual)
     used_inputs = dict(tensors[:2] if fused else tensors[:1])

@@ -47,9 +47,9 @@ def module_settings(module: torch.nn.Module) -> dict:
 
 
 def _is_setting(value) -> bool:
-    """A scalar, an enum member, or a short tuple of scalars (torch's ``normalized_shape``)."""
-    if isinstance(value, (*_SCALARS, enum.Enum)):
-        return True
+    """A scalar or None, an enum member, or a short tuple of scalars (torch's ``normalized_shape``)."""
+    if value is None or isinstance(value, (*_SCALARS, enum.Enum)):
+        return True   # (None too: torch's RMSNorm eps=None means the dtype's epsilon)
     return isinstance(value, tuple) and len(value) <= 8 and all(isinstance(item, _SCALARS) for item in value)
 
 

@@ -370,3 +370,19 @@ class LayerNorm(torch.nn.Module):
 
     def forward(self, x):
         return F.layer_norm(x, x.shape[-1:], eps=self.eps) * self.weight
+
+
+class OffsetRMSNorm(RMSNorm):
+    """Gemma's form: the weight is an offset from 1, not the canonical RMSNorm's weight."""
+
+    def forward(self, x):
+        return super().forward(x) / self.weight * (1 + self.weight)
+
+
+def test_a_module_that_computes_another_op_than_the_canonical_one_on_both_sides_is_unknown(tmp_path):
+    b = OffsetRMSNorm(64)
+    own = b.forward
+    b.forward = lambda x: own(x) * 1.001
+    cause = bisected(tmp_path, OffsetRMSNorm(64), b, hidden(shape=(2, 64))).first_divergence.cause
+    assert (cause.cause_class, cause.side) == ("unknown", None)
+    assert "neither side's result is a RMSNorm of its recorded tensors" in cause.description

@@ -56,6 +56,7 @@ class CaptureConfig:
     graph_budget_bytes: int | None = None
     graft: GraftSpec | None = None
     ops: tuple[str, ...] = ()                # module paths whose forwards' ATen ops are recorded
+    params: bool | None = None               # store each recorded module's parameters (--params)
 
     def capture_options(self) -> dict:
         """Keyword arguments of ``Capture(self.out, ...)``."""

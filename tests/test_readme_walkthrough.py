@@ -60,6 +60,8 @@ def test_the_readme_walkthrough_runs_as_written_from_a_fresh_clone(tmp_path):
     by_name = {subcommand(c) + (" --json" if "--json" in c else ""): out for c, out in outputs.items()}
     assert json.loads(by_name["compare --json"])["first_divergence"]["module"] == PLANTED
     assert f"introduced at {PLANTED} (norm, layer 1)" in by_name["bisect"]
+    assert "cause: " in by_name["bisect"] and "side A equals the exact RMSNorm correctly rounded" in by_name["bisect"]
     assert f"Introduced at** `{PLANTED}`" in (clone / "report.md").read_text()
+    assert "**Cause:**" in (clone / "report.md").read_text()
     assert (clone / "report.html").read_text().startswith("<!DOCTYPE html>")
     assert "best: fp32-variance (matches the baseline" in by_name["patch"]

@@ -211,6 +211,7 @@ def _fit(runner: Runner, region: Region, discovery: Dump, budget: int) -> Region
 def _final(runner: Runner, region: Region, options: OnlineOptions) -> tuple[BisectResult, Dump]:
     why = f"full tensors of {region.describe()}"
     steps = str(region.step)
-    _, a = runner.capture("A", "final capture", why, mode="full", select=region.select(), steps=steps)
-    _, b = runner.capture("B", "final capture", why, mode="full", select=region.select(), steps=steps)
+    # with the region's parameters: the culprit's exact replay reads them (tdiff.bisect.cause)
+    _, a = runner.capture("A", "final capture", why, mode="full", select=region.select(), steps=steps, params=True)
+    _, b = runner.capture("B", "final capture", why, mode="full", select=region.select(), steps=steps, params=True)
     return bisect_dumps(a, b, tolerance=options.tolerance, pairing=options.pairing), a

@@ -91,17 +91,20 @@ def run(*dumps: str | Path, run_a: str | None = None, run_b: str | None = None,
 
 def _try_fixes(spec: str, result: BisectResult, dump_a: Dump | None, run_b: str, work: Path,
                tolerance: Tolerance, echo: Callable[[str], None]):
-    """Rank candidate fixes for the culprit: the catalogue's entries for its kind, or those named."""
-    from tdiff.source_patcher.catalogue import candidates_from, entries_for_kind
+    """Rank candidate fixes for the culprit: the catalogue's entries for its kind, or those named,
+    those that address its cause's class first."""
+    from tdiff.source_patcher.catalogue import candidates_from, entries_for_kind, ordered_for_cause
     from tdiff.source_patcher.trial import try_candidates
 
     if dump_a is None:
         raise TdiffError("--try needs side A's tensors, and no full capture was made")
     assert result.first_divergence is not None, "run tries fixes for a culprit only"
-    kind = result.first_divergence.kind
+    kind, cause = result.first_divergence.kind, result.first_divergence.cause
     candidates = entries_for_kind(kind) if spec == "builtin" else candidates_from(spec)
     if not candidates:
         raise TdiffError(f"the catalogue has no fix for kind {kind!r}; give your own with --try FILE")
+    # the cause's class says which kind of fix to try first (rounding: batch-invariant kernels)
+    candidates = ordered_for_cause(candidates, cause.cause_class if cause is not None else None)
 
     def report(trial, done, total):
         echo(f"tdiff: try [{done}/{total}] {trial.name}: {trial.status}")

@@ -113,6 +113,8 @@ class Divergence:
     op: OpDivergence | None = None  # the op inside the culprit's call, from op records (tdiff.bisect.ops)
     # the culprit module's inputs bisect did not compare, "<names> (<why>); ..." (event "output")
     not_compared: str | None = None
+    cause: Cause | None = None      # which side is right: the exact-reference replay (tdiff.bisect.cause)
+    swap: Swap | None = None        # each side's op on the other side's inputs (tdiff.bisect.swap)
     # the bisection's working state, not part of the result:
     first: Comparison | None = field(default=None, compare=False, repr=False)  # the verdict on ``name``
     module_call: int | None = field(default=None, compare=False)  # call index of ``module`` (for graft)
@@ -134,7 +136,110 @@ class Divergence:
     @classmethod
     def from_json(cls, data: dict) -> Divergence:
         op = OpDivergence.from_json(data["op"]) if data.get("op") is not None else None
-        return cls(**_fields_from_json(cls, data, metrics=Metrics.from_json(data["metrics"]), op=op))
+        cause = Cause.from_json(data["cause"]) if data.get("cause") is not None else None
+        swap = Swap.from_json(data["swap"]) if data.get("swap") is not None else None
+        return cls(**_fields_from_json(cls, data, metrics=Metrics.from_json(data["metrics"]), op=op, cause=cause,
+                                       swap=swap))
+
+
+@dataclass
+class SwapRun:
+    """Side ``side``'s implementation of the culprit (its module rebuilt from the dump, class
+    ``module_class``) run on side ``on``'s recorded inputs: whether it gives its own side's output
+    bitwise (``equals_own``) and the other side's (``equals_other``); ``problem`` says why it did
+    not run (then both are None)."""
+
+    side: str
+    on: str
+    module_class: str | None
+    equals_own: bool | None
+    equals_other: bool | None
+    problem: str | None
+
+    @classmethod
+    def failed(cls, side: str, on: str, problem: str, module_class: str | None = None) -> SwapRun:
+        return cls(side=side.lower(), on=on.lower(), module_class=module_class, equals_own=None, equals_other=None,
+                   problem=problem)
+
+    def describe(self) -> str:
+        side, on = self.side.upper(), self.on.upper()
+        name = self.module_class.rpartition(":")[2] if self.module_class else "op"
+        ran = f"side {side}'s {name} on side {on}'s inputs"
+        if self.problem is not None:
+            return f"{ran}: not run, {self.problem}"
+        if self.equals_other:
+            return f"{ran} gives side {on}'s output bitwise: the same kernel, the inputs make the difference"
+        if self.equals_own:
+            return f"{ran} gives side {side}'s own output bitwise: the op itself differs, not its inputs"
+        return f"{ran} gives neither side's output: the op and the inputs both differ"
+
+    def to_json(self) -> dict:
+        return {**_fields_to_json(self), "description": self.describe()}
+
+    @classmethod
+    def from_json(cls, data: dict) -> SwapRun:
+        return cls(**_fields_from_json(cls, data))
+
+
+@dataclass
+class Swap:
+    """The cross-framework op swap of the culprit (tdiff.bisect.swap): ``b_on_a`` is side B's op
+    on side A's inputs, ``a_on_b`` the reverse."""
+
+    b_on_a: SwapRun
+    a_on_b: SwapRun
+
+    def lines(self) -> list[str]:
+        return [f"swap: {self.b_on_a.describe()}", f"swap: {self.a_on_b.describe()}"]
+
+    def to_json(self) -> dict:
+        return {"b_on_a": self.b_on_a.to_json(), "a_on_b": self.a_on_b.to_json()}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Swap:
+        return cls(b_on_a=SwapRun.from_json(data["b_on_a"]), a_on_b=SwapRun.from_json(data["a_on_b"]))
+
+
+@dataclass
+class Cause:
+    """Which side is right (tdiff.bisect.cause): the culprit's canonical ``op`` replayed in float64
+    (``reference``) on each side's own inputs, parameters and settings; each side's distance from
+    it (``ulp_a``/``ulp_b``: ULPs of the output's dtype at the tensor's scale; ``equal_a``/``equal_b``:
+    the share of elements equal to the exact result correctly rounded); the class (``rounding``,
+    ``precision``, ``logic``, ``inherited``, ``unknown``) and the ``side`` it names ("a", "b" or
+    None); ``differing``: the settings or parameters that differ (``eps 1e-06 vs 0.1``)."""
+
+    cause_class: str
+    side: str | None
+    description: str
+    op: str | None = None
+    ulp_a: float | str | None = None
+    ulp_b: float | str | None = None
+    equal_a: float | None = None
+    equal_b: float | None = None
+    differing: list[str] = field(default_factory=list)
+    reference: str = "float64"
+
+    @classmethod
+    def found(cls, cause_class: str, side: str | None, *, description: str, ulp_a: float | None = None,
+              ulp_b: float | None = None, **facts: Any) -> Cause:
+        return cls(cause_class, side, description, ulp_a=json_number(ulp_a), ulp_b=json_number(ulp_b), **facts)
+
+    def line(self) -> str:
+        """The one line the reports give it: ``cause: precision (side B): side A equals ...``."""
+        side = f" (side {self.side.upper()})" if self.side else ""
+        return f"cause: {self.cause_class}{side}: {self.description}"
+
+    def to_json(self) -> dict:
+        return {"class": self.cause_class, "side": self.side, "ulp_a": self.ulp_a, "ulp_b": self.ulp_b,
+                "reference": self.reference, "op": self.op, "equal_a": self.equal_a, "equal_b": self.equal_b,
+                "differing": self.differing, "description": self.description}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Cause:
+        return cls(cause_class=data["class"], side=data["side"], description=data["description"], op=data["op"],
+                   ulp_a=data["ulp_a"], ulp_b=data["ulp_b"], equal_a=data["equal_a"], equal_b=data["equal_b"],
+                   differing=data["differing"], reference=data["reference"])
 
 
 @dataclass

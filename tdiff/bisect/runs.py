@@ -74,14 +74,16 @@ class Runner:
         self.log = RunLog()
 
     def capture(self, side: str, purpose: str, why: str, *, mode: str, select=(), exclude=(),
-                steps: str | None = None, graft: GraftSpec | None = None, ops=()) -> tuple[Run, Dump]:
+                steps: str | None = None, graft: GraftSpec | None = None, ops=(),
+                params: bool = False) -> tuple[Run, Dump]:
         number = self.log.count(side) + 1
         name = f"{side.lower()}{number}-{purpose.replace(' ', '-')}"
         run = Run(side, number, purpose, why, self.work / name)
         self.log.runs.append(run)
         self.echo(f"run {run.label} ({purpose}): {why}")
         config = CaptureConfig(out=run.path, side=f"{side}{number}", mode=mode, select=tuple(select),
-                               exclude=tuple(exclude), steps=steps, graft=graft, ops=tuple(ops))
+                               exclude=tuple(exclude), steps=steps, graft=graft, ops=tuple(ops),
+                               params=params or None)
         output = self.work / f"{name}.log"
         returncode = run_command(["/bin/sh", "-c", self.commands[side]], capture=config, log=output)
         if returncode != 0:

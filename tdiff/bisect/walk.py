@@ -20,7 +20,9 @@ from __future__ import annotations
 from itertools import chain
 from pathlib import Path
 
+from tdiff.bisect.cause import cause_of
 from tdiff.bisect.ops import STATE_NOT_RECORDED, descend
+from tdiff.bisect.swap import swap_of
 from tdiff.bisect.events import (Stream, enclosing_outputs, last_child_event, parent_of,
                                  previous_at_level, split_streams)
 from tdiff.bisect.result import BisectResult, Divergence, TrailEntry, inputs_verdict
@@ -73,6 +75,8 @@ def bisect_dumps(dump_a: Dump | str | Path, dump_b: Dump | str | Path, *,
         result.first_divergence, result.trail = _locate(stream, index, comparison, comparator,
                                                         _NotCompared(a, b, pairing))
         result.notes += descend(a, b, result.first_divergence, comparator)  # the op, from op records
+        result.first_divergence.cause = cause_of(a, b, result.first_divergence, tolerance)  # which side is right
+        result.first_divergence.swap = swap_of(a, b, result.first_divergence)  # each side's op on the other's inputs
     partings = list(getattr(getattr(pairing, "alignment", None), "partings", []))
     if partings:
         # the runs sampled different tokens: the op that made the difference, if a tensor shows it, is

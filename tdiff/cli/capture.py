@@ -21,6 +21,9 @@ from tdiff.vocab.parse import parse_size
 @click.option("--ops", multiple=True, metavar="REGEX",
               help="Inside the forward of modules whose path matches, record every ATen op's output too, "
                    "with its function and source line (repeatable; docs/BISECT.md).")
+@click.option("--params", is_flag=True,
+              help="Store each recorded module's parameters and buffers, once per dump (by fingerprint), "
+                   "for bisect's exact-reference replay of the culprit (docs/BISECT.md).")
 @click.option("--mode", type=click.Choice(["full", "stats"]), default="full", show_default=True,
               help="full: store tensors; stats: fingerprints and statistics only.")
 @click.option("--format", "storage", type=click.Choice(list(STORAGES)), default="safetensors",
@@ -39,7 +42,7 @@ from tdiff.vocab.parse import parse_size
                    "names the first op that is not bitwise repeatable.")
 @quiet_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def capture(out, side, select, exclude, layers, steps, ops, mode, storage, max_pending, batch_row, graph_budget,
+def capture(out, side, select, exclude, layers, steps, ops, params, mode, storage, max_pending, batch_row, graph_budget,
             force, repeat, quiet, command):
     """Run COMMAND and dump module inputs and outputs of every Python process it starts.
 
@@ -48,6 +51,7 @@ def capture(out, side, select, exclude, layers, steps, ops, mode, storage, max_p
     tdiff capture --out dumps/b --layers 0-3 --mode stats -- torchrun --nproc-per-node 2 train.py
     tdiff capture --out dumps/rep --repeat 5 -- python run.py
     tdiff capture --out dumps/a --ops '^model\\.layers\\.1\\.self_attn$' -- python run.py
+    tdiff capture --out dumps/a --params -- python run.py
 
     Each process (rank) writes its own manifest and shards into --out. A second capture of the
     same --out while this one runs is refused (exit 2; a lock, --out/tdiff.lock, that goes with
@@ -64,7 +68,8 @@ def capture(out, side, select, exclude, layers, steps, ops, mode, storage, max_p
     config = CaptureConfig(out=out, side=side or out.name, mode=mode, storage=storage, select=tuple(select),
                            exclude=tuple(exclude), layers=layers, steps=steps, batch_row=batch_row,
                            max_pending_bytes=parse_size(max_pending, "--max-pending"),
-                           graph_budget_bytes=parse_size(graph_budget, "--graph-budget"), ops=tuple(ops))
+                           graph_budget_bytes=parse_size(graph_budget, "--graph-budget"), ops=tuple(ops),
+                           params=params or None)
     lock = _claim_out(out, force)
     try:
         if repeat == 1:

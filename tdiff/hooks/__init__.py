@@ -30,6 +30,9 @@ def capture(out_dir, *, side=None, select=(), exclude=(), layers=None, steps=Non
             bisect then names the op that introduced a divergence in that module's own code.
         force: replace an earlier run's dump in ``out_dir`` (and the files beside it), as
             ``tdiff capture --force`` does; a capture still writing there is never replaced.
+        params: store each recorded module's parameters and buffers, once per dump (by
+            fingerprint), for bisect's exact-reference replay of the culprit. Every recorded
+            module's class and scalar settings (eps, RoPE theta...) are described either way.
         options: ``max_pending_bytes`` (host memory held by pending writes of GPU tensors, default 2 GiB),
             ``shard_bytes`` (shard size cap), ``batch_row`` (record only this row of every tensor
             whose leading dimension is the batch size of the outermost call's first input: one

@@ -45,6 +45,7 @@ from tdiff.hooks.claim import Claim
 from tdiff.hooks.cuda_graphs import DEFAULT_GRAPH_BUDGET, GraphRecorder, install_graph_hooks
 from tdiff.hooks.device import Summarizer, host_copy
 from tdiff.hooks.layouts import unrecordable
+from tdiff.hooks.modules import ModuleDescriber
 from tdiff.hooks.naming import ModulePaths, flatten_call_inputs, flatten_tensors, positional_parameters, tensor_name
 from tdiff.hooks.ops import OpRecorder, OpTracer
 from tdiff.hooks.part import ProcessPart
@@ -106,7 +107,7 @@ class Capture:
                  max_pending_bytes: int = DEFAULT_MAX_PENDING,
                  shard_bytes: int = DEFAULT_SHARD_BYTES, batch_row: int | None = None,
                  graft: dict | None = None, graph_budget_bytes: int = DEFAULT_GRAPH_BUDGET, ops=(),
-                 force: bool = False, launched: bool = False):
+                 force: bool = False, launched: bool = False, params: bool = False):
         if mode not in MODES:
             raise TdiffError(f"--mode {mode!r}: use one of {', '.join(MODES)}")
         if storage not in STORAGES:
@@ -141,6 +142,7 @@ class Capture:
         self._ops = OpRecorder([ops] if isinstance(ops, str) else ops) if ops else None
         self._pending_tokens: TokenBatch | None = None   # tdiff.tokens() given before its forward ran
         self._tokens_step: int | None = None       # the last step whose tokens were recorded
+        self._modules = ModuleDescriber(self.root, params, self.note)   # each recorded module's settings (and --params)
         self._graft = None
         if graft is not None:  # bisect --graft: feed one call another run's inputs (tdiff.hooks.graft)
             from tdiff.hooks.graft import InputGraft
@@ -309,6 +311,8 @@ class Capture:
         compiled = _compiled(module)
         described = site.wrapped if compiled and site.wrapped is not None else module
         where = (path, described, parent, len(stack), site.annotator, path, site.other_layer)
+        if recording and graph is None:   # (a parameter's host copy cannot run while a graph is captured)
+            self._modules.describe(described, path, self._current_rank(), self.writer.part)
         if recording:
             parameters = positional_parameters(module, len(args))
             for sub, tensor in flatten_call_inputs(args, kwargs):

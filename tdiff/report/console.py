@@ -284,6 +284,10 @@ def render_bisect(result: BisectResult, console: Console) -> None:
             equal = f"; {tokens.equal:,}/{tokens.compared:,} tokens equal" if tokens is not None else ""
             say(f"  first differing token: position {t['position']} of sequence {t['seq_a']} (A, step "
                 f"{t['step_a']}) / {t['seq_b']} (B, step {t['step_b']}){equal}")
+        if d.cause is not None:
+            say(f"  {escape(d.cause.line())}")
+        for line in d.swap.lines() if d.swap is not None else []:
+            say(f"  {escape(line)}")
         if result.trail:
             chain = " > ".join(f"{escape(t.module or ROOT_LABEL)} (ULP at scale "
                                f"{fmt_number(t.metrics.max_ulp_at_scale)})" for t in result.trail)

@@ -280,7 +280,10 @@ def bisect_blocks(result: BisectResult) -> list[Block]:
         cell = tuple(part for item in shown for part in (item, ", "))[:-1]
         more = len(trail) - len(shown)
         rows.append(["trail (enclosing modules that also differ)", cell + ((f", and {more} more",) if more else ())])
-    return [Paragraph(headline), Table("bisect-result", None, ["", "value"], rows)]
+    cause = [Paragraph((Strong("Cause:"), " ", found.cause.line().removeprefix("cause: ")))] if found.cause else []
+    cause += [Paragraph((Strong("Swap:"), " ", line.removeprefix("swap: "))) for line in
+              (found.swap.lines() if found.swap is not None else [])]
+    return [Paragraph(headline), *cause, Table("bisect-result", None, ["", "value"], rows)]
 
 
 def patch_table(results: TrialReport) -> Table:

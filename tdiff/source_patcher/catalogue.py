@@ -4,6 +4,7 @@
     candidates_from("builtin:rmsnorm-fp32,rope-fp32")
     candidates_from("my-fixes.yaml")               # each patch, then each listed combination
     entries_for_kind("norm")                       # the entries that address a boundary kind
+    ordered_for_cause(candidates, "rounding")      # batch-invariant / deterministic fixes first
 """
 
 from __future__ import annotations
@@ -48,6 +49,19 @@ def entries_for_kind(kind: str) -> list[Candidate]:
     if kind not in KINDS:
         raise TdiffError(f"unknown boundary kind {kind!r} (known: {', '.join(KINDS)})")
     return [entry for entry in catalogue() if kind in entry.kinds]
+
+
+# What each cause class of tdiff bisect (tdiff.bisect.cause) asks of a fix first, by the words the
+# catalogue's names use: rounding (both sides within rounding of the exact op) -> the same kernel
+# and order on both sides; precision (one side rounds an intermediate step coarsely) -> fp32 steps.
+_FIRST_FOR_CAUSE = {"rounding": ("batch-invariant", "deterministic"), "precision": ("-fp32",)}
+
+
+def ordered_for_cause(candidates: list[Candidate], cause_class: str | None) -> list[Candidate]:
+    """``candidates`` with those that address ``cause_class`` first, each group in its own order;
+    unchanged for the other classes (logic, inherited, unknown: no kind of fix is favoured)."""
+    words = _FIRST_FOR_CAUSE.get(cause_class or "", ())
+    return sorted(candidates, key=lambda c: not any(word in c.name for word in words))
 
 
 def builtin(names: list[str] | None = None) -> list[Candidate]:

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from tdiff.errors import DumpError, TdiffError
 from tdiff.store.manifest import DATA_DIR, DUMP_FILE, MANIFEST_DIR, read_part
+from tdiff.store.modules import MODULES_DIR
 from tdiff.store.repeats import REPEAT_FILE
 
 LOCK_FILE = "tdiff.lock"
@@ -152,7 +153,7 @@ def check_is_dump(folder: Path, elsewhere: str) -> None:
 
 
 # what capture puts into a dump directory before its header is there (atomic_write_json's temporary name)
-_DUMP_ENTRY = re.compile("|".join(re.escape(name) for name in (LOCK_FILE, MANIFEST_DIR, DATA_DIR))
+_DUMP_ENTRY = re.compile("|".join(re.escape(name) for name in (LOCK_FILE, MANIFEST_DIR, DATA_DIR, MODULES_DIR))
                          + rf"|\.{re.escape(DUMP_FILE)}\.\d+\.[0-9a-f]+\.tmp")
 
 
@@ -208,7 +209,7 @@ def file_tdiff_did_not_write(folder: Path) -> Path | None:
         parts = path.relative_to(folder).parts
         if _REPEAT_RUN.fullmatch(parts[0]):
             parts = parts[1:]  # a repeat run's dump
-        if not parts or parts in ((DUMP_FILE,), (REPEAT_FILE,)) or parts[0] == DATA_DIR or (
+        if not parts or parts in ((DUMP_FILE,), (REPEAT_FILE,)) or parts[0] in (DATA_DIR, MODULES_DIR) or (
                 len(parts) == 1 and _DUMP_ENTRY.fullmatch(parts[0])):
             continue  # (tensor data counts as records: see holds_records)
         if parts[0] == MANIFEST_DIR and len(parts) == 2 and parts[1].endswith(".jsonl"):

@@ -6,7 +6,8 @@ import pytest
 
 import tdiff
 from tdiff.source_patcher import apply_patches
-from tdiff.source_patcher.catalogue import builtin, candidates_from, catalogue, entries_for_kind, patches_from
+from tdiff.source_patcher.catalogue import (builtin, candidates_from, catalogue, entries_for_kind, ordered_for_cause,
+                                            patches_from)
 from tdiff.source_patcher.check import OK, check_patches
 from tdiff.source_patcher.fixes.reduction import fixed_order_sum
 from tdiff.store import open_dump
@@ -29,6 +30,16 @@ def test_every_entry_says_which_kinds_it_addresses_and_the_lookup_by_kind_finds_
     assert [c.name for c in candidates_from("builtin:rope-fp32,logsoftmax-fp32")] == ["rope-fp32", "logsoftmax-fp32"]
     with pytest.raises(tdiff.TdiffError, match="no catalogue entry named 'nope'"):
         builtin(["nope"])
+
+
+@pytest.mark.parametrize("cause, order", [
+    ("rounding", ["batch-invariant-mean", "batch-invariant", "rmsnorm-fp32"]),
+    ("precision", ["rmsnorm-fp32", "batch-invariant-mean", "batch-invariant"]),
+    ("logic", ["rmsnorm-fp32", "batch-invariant-mean", "batch-invariant"]),
+    (None, ["rmsnorm-fp32", "batch-invariant-mean", "batch-invariant"]),
+])
+def test_the_cause_class_orders_the_fixes_to_try(cause, order):
+    assert [e.name for e in ordered_for_cause(entries_for_kind("norm"), cause)] == order
 
 
 def test_the_whole_catalogue_applies_to_the_installed_versions():

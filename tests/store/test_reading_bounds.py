@@ -110,23 +110,24 @@ def test_a_quantized_tensor_keeps_its_scale_and_zero_point(tmp_path, per_channel
 
 def test_the_html_token_grid_over_a_position_span_of_10_9_takes_memory_per_token(tmp_path):
     far = 10 ** 9
-    hidden = torch.arange(12.0).reshape(4, 3)
+    hidden = torch.arange(18.0).reshape(6, 3)
 
     def ragged(path, value):
         with tdiff.capture(path):
-            tdiff.tokens(input_ids=torch.tensor([5, 6, 7, 8]), seq_lens=torch.tensor([2, 2]),
-                         positions=torch.tensor([0, far, 0, far]))
+            tdiff.tokens(input_ids=torch.tensor([5, 6, 9, 7, 8, 10]), seq_lens=torch.tensor([3, 3]),
+                         positions=torch.tensor([0, far, 2 * far, 0, far, 2 * far]))
             tdiff.dump("h", value)
         return path
 
     def padded(path, value):
         with tdiff.capture(path):
-            tdiff.tokens(input_ids=torch.tensor([[5, 6], [7, 8]]), positions=torch.tensor([[0, far], [0, far]]))
-            tdiff.dump("h", value.reshape(2, 2, 3))
+            tdiff.tokens(input_ids=torch.tensor([[5, 6, 9], [7, 8, 10]]),
+                         positions=torch.tensor([[0, far, 2 * far], [0, far, 2 * far]]))
+            tdiff.dump("h", value.reshape(2, 3, 3))
         return path
 
     spoiled = hidden.clone()
-    spoiled[3, 1] += 1
+    spoiled[4, 1] += 1
     a, b = ragged(tmp_path / "a", hidden), padded(tmp_path / "b", spoiled)
     result = tdiff_bounded("report", a, b, "--format", "html", "--out", tmp_path / "r.html", timeout=120)
     assert result.returncode == 1, result.stderr[-2000:]

@@ -20,12 +20,13 @@ from tdiff.cli.options import (align_option, allow_incomplete_option, dumps_from
 @json_option
 @click.option("--top", type=int, default=50, show_default=True,
               help="Show at most K rows: the K worst divergences and the first one (0: all).")
+@click.option("--wide", is_flag=True, help="Every column and whole tensor names, however wide the terminal.")
 @allow_incomplete_option()
 @mapping_option
 @align_option
 @quiet_option
-def compare(dump_a, dump_b, layer, select, exclude, exact, atol, rtol, as_json, top, allow_incomplete, mapping, align,
-            quiet):
+def compare(dump_a, dump_b, layer, select, exclude, exact, atol, rtol, as_json, top, wide, allow_incomplete, mapping,
+            align, quiet):
     """Compare dumps A and B tensor by tensor.
 
     Dumps of one framework with one parallel layout pair tensors by name, step, call index, role
@@ -57,5 +58,5 @@ def compare(dump_a, dump_b, layer, select, exclude, exact, atol, rtol, as_json, 
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=1))
     else:
-        render_compare(report, make_console(), top=top)
+        render_compare(report, make_console(), top=top, wide=wide)
     sys.exit(0 if report.status == "match" else 1)

@@ -139,7 +139,7 @@ def render_compare(report: CompareReport, console: Console, top: int | None = No
         c = comparisons[index]
         m = c.metrics if c.diverged else None
         style = "bold red" if c is first else ("red" if c.diverged else "green")
-        row = {"#": str(index), "tensor": printable(c.name),
+        row: dict[str, str | Text] = {"#": str(index), "tensor": printable(c.name),
                "status": Text(c.status + (" <- first" if c is first else ""), style=style),
                count_column: f"{100 * (m.mismatch_fraction if tolerance.exact else m.outside_fraction):.3g}%"
                if m else "",

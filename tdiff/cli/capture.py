@@ -16,7 +16,7 @@ from tdiff.store.manifest import DATA_DIR, DUMP_FILE, MANIFEST_DIR, STORAGES, de
 from tdiff.vocab.parse import parse_size
 
 
-@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.command(context_settings={"allow_interspersed_args": False})
 @click.option("--out", "-o", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Dump directory to create.")
 @click.option("--side", help="Label of this run in reports (default: the directory name).")

@@ -15,7 +15,7 @@ from tdiff.cli.options import (batch_row_option, capture_selection_options, chec
                                quiet_option, tolerance_from, tolerance_options, workdir_option)
 from tdiff.errors import TdiffError
 
-_RUN = {"ignore_unknown_options": True, "allow_interspersed_args": False}
+_RUN = {"allow_interspersed_args": False}
 _config_option = click.option("--config", "config", required=True, metavar="FILE|builtin[:NAMES]",
                               help="Patch file, or builtin / builtin:NAME,... for catalogue entries.")
 

@@ -7,14 +7,14 @@ import sys
 
 import click
 
-from tdiff.cli.options import (align_option, allow_incomplete_option, dumps_from, json_option, layer_option,
+from tdiff.cli.options import (align_option, allow_incomplete_option, dumps_from, json_option, layers_option,
                                mapping_option, name_filter_options, quiet_option, tolerance_from, tolerance_options)
 
 
 @click.command()
 @click.argument("dump_a", metavar="A")
 @click.argument("dump_b", metavar="B")
-@layer_option()
+@layers_option()
 @name_filter_options
 @tolerance_options
 @json_option
@@ -25,7 +25,7 @@ from tdiff.cli.options import (align_option, allow_incomplete_option, dumps_from
 @mapping_option
 @align_option
 @quiet_option
-def compare(dump_a, dump_b, layer, select, exclude, exact, atol, rtol, as_json, top, wide, allow_incomplete, mapping,
+def compare(dump_a, dump_b, layers, select, exclude, exact, atol, rtol, as_json, top, wide, allow_incomplete, mapping,
             align, quiet):
     """Compare dumps A and B tensor by tensor.
 
@@ -52,7 +52,7 @@ def compare(dump_a, dump_b, layer, select, exclude, exact, atol, rtol, as_json, 
     tolerance = tolerance_from(exact, atol, rtol)
     a, b, pairing = dumps_from(dump_a, dump_b, allow_incomplete, mapping, align)
     with progress_bar("comparing", quiet=quiet) as advance:
-        report = compare_dumps(a, b, CompareOptions(tolerance=tolerance, layer=layer, select=list(select),
+        report = compare_dumps(a, b, CompareOptions(tolerance=tolerance, layers=layers, select=list(select),
                                                   exclude=list(exclude)),
                                pairing=pairing, progress=advance)
     if as_json:

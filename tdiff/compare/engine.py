@@ -12,14 +12,13 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from tdiff.compare.metrics import EXACT, ReportedMetrics, TensorMetrics, Tolerance, compare_tensors, json_number
-from tdiff.compare.pairing import NameFilter, NamePairing, Pair, Pairing, Side
+from tdiff.compare.pairing import NameFilter, NamePairing, Pair, Pairing, Side, pair_layer
 from tdiff.compare.result import CompareResult, DumpSide, TensorVerdict, status_counts
 from tdiff.compare.tokens import TokenVerdict, token_verdict
 from tdiff.errors import TdiffError
 from tdiff.store import Dump, Record
 from tdiff.store.fingerprint import fingerprint_algorithm, fingerprint_as
 from tdiff.vocab.kinds import record_kind
-from tdiff.vocab.paths import layer_of, record_layer
 
 
 @dataclass
@@ -74,7 +73,7 @@ class Comparison:
 @dataclass
 class CompareOptions:
     tolerance: Tolerance = EXACT
-    layer: int | None = None
+    layers: str | None = None         # decoder layers, "0-3,7" (None: all)
     select: list[str] = field(default_factory=list)
     exclude: list[str] = field(default_factory=list)
 
@@ -91,7 +90,7 @@ class CompareReport:
     comparisons: list[Comparison]
     pairing: Pairing                  # how the tensors were paired: the report reloads the culprit through it
     alignment: AlignmentPlan | None = None   # how a cross-framework pairing aligned the dumps
-    left_out: int = 0                 # pairs that --layer/--select/--exclude left out
+    left_out: int = 0                 # pairs that --layers/--select/--exclude left out
 
     @property
     def status(self) -> str:
@@ -128,11 +127,11 @@ def compare_dumps(a: Dump, b: Dump, options: CompareOptions | None = None, *,
                   progress: Callable[[int, int], None] | None = None) -> CompareReport:
     options = options or CompareOptions()
     pairing = pairing or NamePairing()
-    names = NameFilter.of(options.select, options.exclude)
+    names = NameFilter.of(options.select, options.exclude, options.layers)
     paired = pairing.pair(a, b)
-    pairs = [p for p in paired if _wanted(p, options, names)]
+    pairs = [p for p in paired if names.wants_pair(p)]
     if not pairs:
-        raise TdiffError(_nothing_to_compare(options, names))
+        raise TdiffError(names.nothing_left())
     comparator = PairComparator(a, b, options.tolerance)
     comparisons = []
     # one pair at a time, in this thread: two threads measured slower (the hashing holds the GIL;
@@ -143,26 +142,6 @@ def compare_dumps(a: Dump, b: Dump, options: CompareOptions | None = None, *,
             progress(done, len(pairs))
     return CompareReport(a, b, options, comparisons, pairing, getattr(pairing, "alignment", None),
                          left_out=len(paired) - len(pairs))
-
-
-def pair_layer(name: str, kind: str | None, record: Record) -> int | None:
-    """The decoder layer of a pair (None for explicit dumps): an aligned pair's canonical name
-    carries it (its records may sit elsewhere); else the layer its record's call belongs to."""
-    if record.role == "explicit":
-        return None
-    return layer_of(name) if kind is not None else record_layer(record)
-
-
-def _wanted(pair: Pair, options: CompareOptions, names: NameFilter) -> bool:
-    if options.layer is not None and pair_layer(pair.name, pair.kind, pair.record) != options.layer:
-        return False
-    return names.wants(pair.name)
-
-
-def _nothing_to_compare(options: CompareOptions, names: NameFilter) -> str:
-    if options.layer is not None:
-        return f"nothing to compare: neither dump has tensors of layer {options.layer}"
-    return names.nothing_left()
 
 
 class PairComparator:

@@ -267,7 +267,7 @@ def summary_line(report: CompareReport) -> str:
                 "equal themselves; give two different runs to compare")
     if first is None:
         # a filter may have left out where the runs part: say so next to the match
-        left_out = f"; {report.left_out} tensor(s) left out by --layer/--select/--exclude" if report.left_out else ""
+        left_out = f"; {report.left_out} tensor(s) left out by --layers/--select/--exclude" if report.left_out else ""
         return (f"match: all {counts['compared']} tensors equal ({report.options.tolerance.describe()})"
                 f"{_token_totals(report)}{left_out}")
     diverged = counts["compared"] - counts["match"]

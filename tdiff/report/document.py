@@ -110,7 +110,7 @@ def headline(report: Report) -> tuple:
                  "runs to compare."))
     if culprit is None:
         equal = "bitwise equal" if report.tolerance == "bitwise" else f"equal within {report.tolerance}"
-        left_out = f" ({report.left_out:,} tensors outside --layer were left out.)" if report.left_out else ""
+        left_out = f" ({report.left_out:,} tensors were left out by --layers/--select/--exclude.)" if report.left_out else ""
         return (Strong("Match:"), f" all {report.counts['compared']:,} tensors are {equal}.{left_out}")
     c = culprit.comparison
     where = [c.record.role] + ([f"layer {culprit.layer}"] if culprit.layer is not None else [])

@@ -200,7 +200,7 @@ class Report:
     bisect: BisectResult | None = None
     patch_results: TrialReport | None = None
     same_dump: str | None = None      # the path, when A and B are the same dump
-    left_out: int = 0                 # tensors --layer left out of the comparison
+    left_out: int = 0                 # tensors --layers/--select/--exclude left out of the comparison
     token_parity: list[ParityRow] = field(default_factory=list)   # log-probs per sequence and rank
 
     @property

@@ -117,7 +117,7 @@ def try_(candidates, baseline, work, select, exclude, layers, steps, batch_row, 
 
     Each run is captured (with the baseline's mode) into --workdir and compared with the
     baseline. Ranking: a match first, then the first divergence moved furthest later than in the
-    unpatched control, then fewer mismatched tensors, then smaller max ULP.
+    unpatched control, then fewer mismatched tensors, then smaller ULP at scale.
     Exit status: 0 some candidate matches, 1 none does, 2 bad input or the control run failed.
     """
     from tdiff.report.console import make_console, render_trials

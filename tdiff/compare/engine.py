@@ -144,6 +144,16 @@ def compare_dumps(a: Dump, b: Dump, options: CompareOptions | None = None, *,
                          left_out=len(paired) - len(pairs))
 
 
+def shape_mismatch(shape_a, shape_b) -> str:
+    """Why two tensors cannot be compared; a leading dimension alone that differs is most often a
+    batch against one of its sequences, which --batch-row lines up."""
+    reason = f"shape {list(shape_a)} vs {list(shape_b)}"
+    if len(shape_a) == len(shape_b) > 1 and shape_a[1:] == shape_b[1:]:
+        reason += ("; only the leading dimension differs: for a batch against one of its sequences, capture "
+                   "the batched run with --batch-row N (the sequence's row)")
+    return reason
+
+
 class PairComparator:
     """Compares pairs of one dump pair; remembers results for tensors stored once (aliases)."""
 
@@ -161,8 +171,7 @@ class PairComparator:
         if pair.a.load is None and pair.b.load is None:
             # the shapes and dtypes are known before loading when tensors are compared as stored
             if ra.shape != rb.shape:
-                return self._result(pair, "shape_mismatch",
-                                    reason=f"shape {list(ra.shape)} vs {list(rb.shape)}")
+                return self._result(pair, "shape_mismatch", reason=shape_mismatch(ra.shape, rb.shape))
             if not (ra.has_data and rb.has_data):
                 return self._compare_fingerprints(pair)
         cache_key = self._cache_key(pair)
@@ -176,7 +185,7 @@ class PairComparator:
             # loading checked both tensors against their fingerprints: equal ones are equal bits
             verdict = ("match", TensorMetrics(numel=ta.numel(), bitwise_equal=True), None)
         elif ta.shape != tb.shape:
-            verdict = ("shape_mismatch", None, f"shape {list(ta.shape)} vs {list(tb.shape)}")
+            verdict = ("shape_mismatch", None, shape_mismatch(ta.shape, tb.shape))
         else:
             metrics = compare_tensors(ta, tb, self.tolerance)
             if ta.dtype != tb.dtype:

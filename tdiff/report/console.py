@@ -59,13 +59,14 @@ def fmt_number(value, digits: int = 3) -> str:
     return f"{value:.{digits}g}" if abs(value) >= 1e-3 and abs(value) < 1e4 else f"{value:.{digits - 1}e}"
 
 
-def fmt_cosine(value: float | None, digits: int) -> str:
-    """A cosine with ``digits`` decimals, or its distance from 1 where those would round it to 1:
-    tensors whose elements all differ must not read as "cosine 1.000000"."""
-    if value is None:
-        return "-"
+def fmt_cosine(value: float | str | None, digits: int) -> str:
+    """The cosine of two tensors that differ, with ``digits`` decimals, or its distance from 1
+    where those would round it to 1: tensors whose elements all differ must not read as "cosine
+    1.000000". Computed in float64, a cosine of 1 means within ~1e-15 of it."""
+    if value is None or isinstance(value, str):   # a dump's JSON writes NaN as a string
+        return value or "-"
     if value == 1:
-        return "1"
+        return "1-<1e-15"
     text = f"{value:.{digits}f}"
     return f"1-{1 - value:.2g}" if text == f"{1:.{digits}f}" else text
 
@@ -378,7 +379,7 @@ def render_bisect(result: BisectResult, console: Console) -> None:
 def _describe_metrics(d: Divergence) -> str:
     m = d.metrics
     text = (f"max abs {fmt_number(m.max_abs)}, ULP at scale {fmt_number(m.max_ulp_at_scale)} "
-            f"(raw max ULP {fmt_number(m.max_ulp)}), cosine {fmt_number(m.cosine, 9)}")
+            f"(raw max ULP {fmt_number(m.max_ulp)}), cosine {fmt_cosine(m.cosine, 9)}")
     return f"{d.reason}; {text}" if d.reason else text
 
 
@@ -388,8 +389,8 @@ def render_trials(report: TrialReport, console: Console) -> None:
     console.print(f"baseline {report.baseline}; runs and logs in {report.workdir} ({report.tolerance})",
                   highlight=False)
     table = Table(title_justify="left", show_lines=False)
-    for column in ("rank", "candidate", "status", "first divergence", "moved", "mismatched", "max ULP"):
-        table.add_column(column, justify="right" if column in ("rank", "moved", "mismatched", "max ULP") else "left",
+    for column in ("rank", "candidate", "status", "first divergence", "moved", "mismatched", "ULP at scale"):
+        table.add_column(column, justify="right" if column in ("rank", "moved", "mismatched", "ULP at scale") else "left",
                          overflow="fold")
     rows = [("-", control)] + [(str(i), r) for i, r in enumerate(report.candidates, 1)]
     for rank, r in rows:
@@ -397,10 +398,11 @@ def render_trials(report: TrialReport, console: Console) -> None:
         name = "(control, unpatched)" if r is control else r.name
         if r is not control and r.patches and not r.applied and r.status != "error":
             name += " (never applied)"
-        first = r.first_divergence.name if r.first_divergence else (r.reason or "")
+        first = (r.first_divergence.name + (f" ({r.first_divergence.reason})" if r.first_divergence.reason else "")
+                 if r.first_divergence else (r.reason or ""))
         moved = "" if r is control else (f"{r.moved_by:+d}" if r.moved_by is not None else "")
         table.add_row(rank, Text(name), Text(r.status, style=style), Text(first), moved,
-                      fmt_number(r.mismatched), fmt_number(r.max_ulp))
+                      fmt_number(r.mismatched), fmt_number(r.max_ulp_at_scale))
     console.print(table)
     best = report.best
     if best is None:

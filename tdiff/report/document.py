@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import tdiff
-from tdiff.report.console import describe, fmt_number
+from tdiff.report.console import describe, fmt_cosine, fmt_number
 from tdiff.report.environment import PACKAGES, SideEnvironment
 from tdiff.report.model import BoundaryRow, Report
 from tdiff.vocab.paths import ROOT_LABEL
@@ -214,7 +214,7 @@ def diverged_table(report: Report) -> Table:
         status: Inline = (Strong(c.status), " ◀ first") if c is first else c.status
         rows.append([str(index), Code(c.name), c.boundary_kind, c.record.role, f"{c.record.step}:{c.record.call}",
                      status, _percent(m.outside_fraction) if m else "-", fmt_number(m.max_abs) if m else "-",
-                     fmt_number(m.max_ulp_at_scale) if m else "-", f"{m.cosine:.6f}" if m else "-"])
+                     fmt_number(m.max_ulp_at_scale) if m else "-", fmt_cosine(m.cosine, 6) if m else "-"])
         severity.append((c is first, float(m.max_ulp_at_scale or 0) if m else 0.0, m.max_abs if m else 0.0))
     return Table("tensors", f"Diverged tensors ({len(rows):,}), in execution order",
                  ["#", "tensor", "kind", "role", "step:call", "status", count_column(report), "max abs",
@@ -273,7 +273,7 @@ def bisect_blocks(result: BisectResult) -> list[Block]:
          _percent(metrics.outside_fraction)],
         ["max abs", fmt_number(metrics.max_abs)], ["max ULP", fmt_number(metrics.max_ulp)],
         ["ULP at scale", fmt_number(metrics.max_ulp_at_scale)],
-        ["cosine", fmt_number(metrics.cosine, 9)]]
+        ["cosine", fmt_cosine(metrics.cosine, 9)]]
     trail = result.trail
     if trail:
         shown = [Code(t.name or t.module or ROOT_LABEL) for t in trail[:TRAIL_SHOWN]]
@@ -292,13 +292,13 @@ def patch_table(results: TrialReport) -> Table:
         rows.append([label, *_trial_cells(candidate)])
     note = None if best else "no candidate was ranked best"
     return Table("patches", "Patch trials (ranked: best first)", ["candidate", "status", "first divergence",
-                 "moved by", "tensors differ", "max ULP"], rows, numeric=frozenset({3, 4, 5}), note=note)
+                 "moved by", "tensors differ", "ULP at scale"], rows, numeric=frozenset({3, 4, 5}), note=note)
 
 
 def _trial_cells(trial: TrialResult) -> list[Inline]:
     first = trial.first_divergence
     return [trial.status, Code(first.name) if first else "-", fmt_number(trial.moved_by),
-            fmt_number(trial.mismatched), fmt_number(trial.max_ulp)]
+            fmt_number(trial.mismatched), fmt_number(trial.max_ulp_at_scale)]
 
 
 # ---- cells ----

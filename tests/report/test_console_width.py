@@ -99,4 +99,4 @@ def test_names_wrap_between_words_and_cosines_near_one_show_their_distance():
     assert wrap_name("model.layers.1.self_attn.o_proj[0]", 15) == ["model.layers.1.", "self_attn.", "o_proj[0]"]
     assert wrap_name("model.layers.1.post_attention_layernorm", 24) == ["model.layers.1.",
                                                                         "post_attention_layernorm"]
-    assert fmt_cosine(1 - 3e-9, 6) == "1-3e-09" and fmt_cosine(0.5, 6) == "0.500000" and fmt_cosine(1.0, 6) == "1"
+    assert fmt_cosine(1 - 3e-9, 6) == "1-3e-09" and fmt_cosine(0.5, 6) == "0.500000" and fmt_cosine(1.0, 6) == "1-<1e-15"

@@ -116,8 +116,13 @@ def headline(report: Report) -> tuple:
     where = [c.record.role] + ([f"layer {culprit.layer}"] if culprit.layer is not None else [])
     where += [f"kind {c.boundary_kind}"]
     where += [f"step {c.record.step} call {c.record.call}"] + ([f"rank {c.record.rank}"] if c.record.rank else [])
+    token = culprit.first_token
+    at_token = ("" if token is None or c.tokens is None else
+                f" First differing token: position {token['position']} of sequence {token['seq_a']} (A, step "
+                f"{token['step_a']}, {token['phase_a']}) / {token['seq_b']} (B, step {token['step_b']}, "
+                f"{token['phase_b']}); {c.tokens.equal:,}/{c.tokens.compared:,} tokens equal.")
     return (Strong("Diverged:"), " first divergence at ", Code(c.name), f" ({', '.join(where)}, boundary ",
-            Code(culprit.boundary), f"): {describe(c, report.tolerance)}.")
+            Code(culprit.boundary), f"): {describe(c, report.tolerance)}.{at_token}")
 
 
 def counts_line(report: Report) -> str:

@@ -16,8 +16,9 @@ from tdiff.cli.options import (batch_row_option, capture_selection_options, chec
 from tdiff.errors import TdiffError
 
 _RUN = {"allow_interspersed_args": False}
-_config_option = click.option("--config", "config", required=True, metavar="FILE|builtin[:NAMES]",
-                              help="Patch file, or builtin / builtin:NAME,... for catalogue entries.")
+_config_option = click.option("--config", "config", required=True, metavar="FILE[:NAMES]|builtin[:NAMES]",
+                              help="Patch file (FILE:NAME,... for some of its patches), or builtin / "
+                                   "builtin:NAME,... for catalogue entries.")
 
 
 @click.group()
@@ -94,8 +95,9 @@ def check(config, as_json, quiet):
 
 
 @patch.command("try", context_settings=_RUN)
-@click.option("--candidates", required=True, metavar="FILE|builtin[:NAMES]",
-              help="Patch file (each patch, then each combination it lists), or catalogue entries.")
+@click.option("--candidates", required=True, metavar="FILE[:NAMES]|builtin[:NAMES]",
+              help="Patch file (each patch, then each combination it lists; FILE:NAME,... for some of "
+                   "them), or catalogue entries.")
 @click.option("--baseline", required=True, metavar="DUMP_A", help="The dump run B should match.")
 @workdir_option(" (default: a new ./tdiff-try-* directory)")
 @capture_selection_options(", as for the baseline")

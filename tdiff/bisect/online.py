@@ -126,7 +126,7 @@ def _with_search(runner: Runner, options: OnlineOptions) -> tuple[BisectResult, 
         mode="stats", exclude=[INSIDE_LAYER], steps=options.steps)
     spine = spine_boundaries(discovery)
     if options.names:   # a boundary whose tensors --select/--exclude leave out cannot be probed
-        spine = [b for b in spine if any(b.matches(r) and options.names.wants(r.name) for r in discovery.records)]
+        spine = [b for b in spine if any(b.matches(r) and options.names.wants_record(r) for r in discovery.records)]
     if not spine:
         raise TdiffError("side A's discovery run recorded nothing to search over (no decoder layer, "
                          "outermost model output or explicit dump)")

@@ -8,7 +8,10 @@ import sys
 import tempfile
 import traceback
 
+from typing import NoReturn
+
 import click
+from click.exceptions import NoArgsIsHelpError, NoSuchCommand
 
 from tdiff.errors import TdiffError
 from tdiff.text import printable
@@ -30,9 +33,33 @@ _SUMMARIES = {
 }
 
 
+def _usage_error(exc: click.UsageError) -> NoReturn:
+    """A usage error as every error reads: its one line first (``tdiff: error: ...``, with click's
+    suggestion of a close name), then how to use the command."""
+    click.echo(f"tdiff: error: {printable(exc.format_message())}", err=True)
+    if exc.ctx is not None:
+        click.echo(f"{exc.ctx.get_usage()}\nTry '{exc.ctx.command_path} --help' for help.", err=True)
+    sys.exit(2)
+
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx):
         return list(COMMANDS)
+
+    def parse_args(self, ctx, args):
+        try:
+            return super().parse_args(ctx, args)
+        except NoArgsIsHelpError:
+            raise
+        except click.UsageError as exc:
+            _usage_error(exc)
+
+    def resolve_command(self, ctx, args):
+        name = args[0]
+        if name not in COMMANDS and not name.startswith("-") and not ctx.resilient_parsing:
+            # click suggests from the commands it holds; these load on first use
+            raise NoSuchCommand(name, possibilities=list(COMMANDS), ctx=ctx)
+        return super().resolve_command(ctx, args)
 
     def get_command(self, ctx, name):
         target = COMMANDS.get(name)
@@ -60,6 +87,10 @@ class LazyGroup(click.Group):
         except KeyboardInterrupt:
             click.echo("tdiff: interrupted", err=True)
             ctx.exit(130)
+        except NoArgsIsHelpError:
+            raise
+        except click.UsageError as exc:
+            _usage_error(exc)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except Exception as exc:  # noqa: BLE001 - a bug in tdiff must never read as "diverged" (1)

@@ -8,8 +8,8 @@ import sys
 import click
 
 from tdiff.cli.options import (align_option, allow_incomplete_option, allow_unaligned_option, jobs_option,
-                               json_option, mapping_option, name_filter_options, quiet_option, steps_option,
-                               tolerance_from, tolerance_options, workdir_option)
+                               json_option, layers_option, mapping_option, name_filter_options, quiet_option,
+                               steps_option, tolerance_from, tolerance_options, workdir_option)
 from tdiff.errors import TdiffError
 
 GIB = 1 << 30
@@ -23,6 +23,7 @@ GIB = 1 << 30
                                              "the command that reruns side B).")
 @tolerance_options
 @name_filter_options
+@layers_option()
 @click.option("--graft", is_flag=True, help="Rerun side B with the culprit's inputs taken from side A: "
                                             "does the op differ on identical inputs?")
 @click.option("--try", "try_spec", metavar="builtin|builtin:NAMES|FILE",
@@ -41,8 +42,8 @@ GIB = 1 << 30
 @align_option
 @quiet_option
 @jobs_option
-def bisect(dumps, run_a, run_b, exact, atol, rtol, ulp, select, exclude, graft, try_spec, budget_gb, no_stats_pass,
-           steps, work, as_json, allow_incomplete, allow_unaligned, mapping, align, quiet, jobs):
+def bisect(dumps, run_a, run_b, exact, atol, rtol, ulp, select, exclude, layers, graft, try_spec, budget_gb,
+           no_stats_pass, steps, work, as_json, allow_incomplete, allow_unaligned, mapping, align, quiet, jobs):
     """Name the first op boundary where two runs part, and what kind of op it is.
 
     \b
@@ -60,7 +61,8 @@ def bisect(dumps, run_a, run_b, exact, atol, rtol, ulp, select, exclude, graft, 
     Dumps of different frameworks or parallel layouts are paired by canonical op boundary, as
     `tdiff compare` pairs them (--mapping for models no adapter knows), and runs of different token
     layouts token by token: the first divergence then names its token. --select and --exclude
-    keep only the tensors whose name (canonical name, when aligned) they leave, as in compare.
+    keep only the tensors whose name (canonical name, when aligned) they leave, and --layers those
+    of these decoder layers, as in compare.
 
     Exit status: 0 match, 1 diverged, 2 bad input.
     """
@@ -75,7 +77,7 @@ def bisect(dumps, run_a, run_b, exact, atol, rtol, ulp, select, exclude, graft, 
     progress = make_console(stderr=True, quiet=quiet)
     result = tdiff.bisect.run(
         *dumps, run_a=run_a, run_b=run_b, tolerance=tolerance_from(exact, atol, rtol, ulp),
-        names=NameFilter.of(select, exclude), mapping=mapping, align=align, allow_incomplete=allow_incomplete,
+        names=NameFilter.of(select, exclude, layers), mapping=mapping, align=align, allow_incomplete=allow_incomplete,
         allow_unaligned=allow_unaligned,
         graft=graft,        try_fixes=try_spec, stats_pass=not no_stats_pass, steps=steps, workdir=work,
         budget_bytes=int(budget_gb * GIB) if budget_gb is not None else None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -12,8 +13,11 @@ from tdiff.errors import TdiffError
 from tdiff.store.manifest import STORAGES, describe_exit
 from tdiff.vocab.parse import parse_size
 
+if TYPE_CHECKING:
+    from tdiff.launch import CaptureConfig
 
-@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+
+@click.command(context_settings={"allow_interspersed_args": False})
 @click.option("--out", "-o", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Dump directory to create.")
 @click.option("--side", help="Label of this run in reports (default: the directory name).")
@@ -81,7 +85,7 @@ def capture(out, side, select, exclude, layers, steps, ops, params, mode, storag
                     for run in write_repeat_index(out, repeat, list(command))]
         for run in runs:
             returncode = run_command(list(command), capture=run)
-            _summarize(run.out, returncode, quiet)
+            _summarize(run, returncode, quiet)
             if returncode != 0:
                 sys.exit(exit_status(returncode))
     finally:
@@ -111,11 +115,15 @@ def _claim_out(out: Path, force: bool):
 _ELSEWHERE = "choose another --out"
 
 
-def _summarize(out: Path, returncode: int, quiet: bool) -> None:
+def _summarize(config: CaptureConfig, returncode: int, quiet: bool) -> None:
     from tdiff.errors import DumpError
     from tdiff.report.progress import progress_bar
     from tdiff.store.reader import open_dump
 
+    out = config.out
+    # the module filters given: when they match no module, only explicit dumps are recorded
+    filters = " and ".join([f"--select {' '.join(config.select)}"] * bool(config.select)
+                           + [f"--layers {config.layers}"] * bool(config.layers))
     try:
         with progress_bar("reading the dump's manifests", quiet=quiet):
             dump = open_dump(out, allow_incomplete=True)
@@ -123,7 +131,13 @@ def _summarize(out: Path, returncode: int, quiet: bool) -> None:
         if returncode != 0:
             click.echo(f"tdiff: the command {describe_exit(returncode)} and nothing was captured", err=True)
             return
+        if filters:
+            raise TdiffError(f"{filters} matched no module and nothing else was recorded in {out}; check the "
+                             "filter against the model's module paths (a capture without it lists them)") from None
         raise TdiffError(f"{exc}. Is the command running a torch model in Python?") from None
+    explicit = sum(1 for r in dump.records if r.role == "explicit")
+    if filters and explicit == len(dump.records):
+        click.echo(f"tdiff: warning: {filters} matched no module; recorded {explicit} explicit dump(s)", err=True)
     processes = len(dump.parts)
     stored = sum(1 for r in [*dump.records, *dump.ops] if r.has_data and r.alias_of is None)
     ops = f" and {len(dump.ops)} op outputs" if dump.ops else ""

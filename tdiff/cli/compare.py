@@ -8,27 +8,27 @@ import sys
 import click
 
 from tdiff.cli.options import (align_option, allow_incomplete_option, allow_unaligned_option, dumps_from, jobs_option,
-                               json_option,
-                               layer_option, mapping_option, name_filter_options, quiet_option, tolerance_from,
-                               tolerance_options)
+                               json_option, layers_option, mapping_option, name_filter_options, quiet_option,
+                               tolerance_from, tolerance_options)
 
 
 @click.command()
 @click.argument("dump_a", metavar="A")
 @click.argument("dump_b", metavar="B")
-@layer_option()
+@layers_option()
 @name_filter_options
 @tolerance_options
 @json_option
 @click.option("--top", type=int, default=50, show_default=True,
               help="Show at most K rows: the K worst divergences and the first one (0: all).")
+@click.option("--wide", is_flag=True, help="Every column and whole tensor names, however wide the terminal.")
 @allow_incomplete_option()
 @allow_unaligned_option
 @mapping_option
 @align_option
 @quiet_option
 @jobs_option
-def compare(dump_a, dump_b, layer, select, exclude, exact, atol, rtol, ulp, as_json, top, allow_incomplete,
+def compare(dump_a, dump_b, layers, select, exclude, exact, atol, rtol, ulp, as_json, top, wide, allow_incomplete,
             allow_unaligned, mapping, align, quiet, jobs):
     """Compare dumps A and B tensor by tensor.
 
@@ -62,12 +62,12 @@ def compare(dump_a, dump_b, layer, select, exclude, exact, atol, rtol, ulp, as_j
     tolerance = tolerance_from(exact, atol, rtol, ulp)
     a, b, pairing = dumps_from(dump_a, dump_b, allow_incomplete, mapping, align)
     with progress_bar("comparing", quiet=quiet) as advance:
-        report = compare_dumps(a, b, CompareOptions(tolerance=tolerance, layer=layer, select=list(select),
+        report = compare_dumps(a, b, CompareOptions(tolerance=tolerance, layers=layers, select=list(select),
                                                   exclude=list(exclude)),
                                pairing=pairing, progress=advance, jobs=jobs)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=1))
     else:
-        render_compare(report, make_console(), top=top)
+        render_compare(report, make_console(), top=top, wide=wide)
     unaligned_notes(report.alignment, diverged=report.status != "match", allow_unaligned=allow_unaligned)
     sys.exit(0 if report.status == "match" else 1)

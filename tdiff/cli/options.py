@@ -43,7 +43,7 @@ def tolerance_from(exact: bool, atol: float | None, rtol: float | None, ulp: flo
 
 
 def name_filter_options(command):
-    """--select and --exclude on the tensors a command compares (compare, bisect)."""
+    """--select and --exclude on the tensors a command compares (compare, bisect, report)."""
     command = click.option("--exclude", multiple=True, metavar="REGEX",
                            help="Skip tensors whose name matches (repeatable).")(command)
     command = click.option("--select", multiple=True, metavar="REGEX",
@@ -51,9 +51,11 @@ def name_filter_options(command):
     return command
 
 
-def layer_option(note: str = ""):
-    """--layer N on the tensors a command compares (compare, report)."""
-    return click.option("--layer", type=int, metavar="N", help=f"Only tensors of decoder layer N{note}.")
+def layers_option(note: str = "", what: str = "Only tensors of"):
+    """--layers RANGES (alias --layer): the decoder layers a command compares (compare, bisect,
+    report) or records (``what``: capture, patch try); parsed by tdiff.vocab.parse.parse_ranges."""
+    return click.option("--layers", "--layer", "layers", metavar="RANGES",
+                        help=f"{what} these decoder layers, e.g. 1 or 0-3,7{note}.")
 
 
 def capture_selection_options(note: str = ""):
@@ -61,8 +63,7 @@ def capture_selection_options(note: str = ""):
     check them with :func:`check_capture_selection`."""
     def decorate(command):
         command = steps_option(note)(command)
-        command = click.option("--layers", metavar="RANGES",
-                               help=f"Record only these decoder layers, e.g. 0-3,7{note}.")(command)
+        command = layers_option(note, what="Record only")(command)
         command = click.option("--exclude", multiple=True, metavar="REGEX",
                                help=f"Skip modules and dumps whose name matches (repeatable){note}.")(command)
         command = click.option("--select", multiple=True, metavar="REGEX",
@@ -137,7 +138,7 @@ def quiet_option(command):
 
 
 def align_option(command):
-    """--align on the commands that pair two dumps (compare, bisect)."""
+    """--align on the commands that pair two dumps (compare, bisect, report)."""
     return click.option("--align", type=click.Choice(["tokens", "names", "boundaries"]), help=(
         "Force how tensors pair (default: chosen from the dumps): by module name, step and call; by "
         "canonical op boundary (across frameworks and parallel layouts); or by token, over either "

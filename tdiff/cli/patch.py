@@ -16,9 +16,10 @@ from tdiff.cli.options import (allow_unaligned_option, batch_row_option, capture
                                tolerance_options, workdir_option)
 from tdiff.errors import TdiffError
 
-_RUN = {"ignore_unknown_options": True, "allow_interspersed_args": False}
-_config_option = click.option("--config", "config", required=True, metavar="FILE|builtin[:NAMES]",
-                              help="Patch file, or builtin / builtin:NAME,... for catalogue entries.")
+_RUN = {"allow_interspersed_args": False}
+_config_option = click.option("--config", "config", required=True, metavar="FILE[:NAMES]|builtin[:NAMES]",
+                              help="Patch file (FILE:NAME,... for some of its patches), or builtin / "
+                                   "builtin:NAME,... for catalogue entries.")
 
 
 @click.group()
@@ -95,8 +96,9 @@ def check(config, as_json, quiet):
 
 
 @patch.command("try", context_settings=_RUN)
-@click.option("--candidates", required=True, metavar="FILE|builtin[:NAMES]",
-              help="Patch file (each patch, then each combination it lists), or catalogue entries.")
+@click.option("--candidates", required=True, metavar="FILE[:NAMES]|builtin[:NAMES]",
+              help="Patch file (each patch, then each combination it lists; FILE:NAME,... for some of "
+                   "them), or catalogue entries.")
 @click.option("--baseline", required=True, metavar="DUMP_A", help="The dump run B should match.")
 @workdir_option(" (default: a new ./tdiff-try-* directory)")
 @capture_selection_options(", as for the baseline")
@@ -120,7 +122,7 @@ def try_(candidates, baseline, work, select, exclude, layers, steps, batch_row, 
 
     Each run is captured (with the baseline's mode) into --workdir and compared with the
     baseline. Ranking: a match first, then the first divergence moved furthest later than in the
-    unpatched control, then fewer mismatched tensors, then smaller max ULP.
+    unpatched control, then fewer mismatched tensors, then smaller ULP at scale.
     Exit status: 0 some candidate matches, 1 none does, 2 bad input or the control run failed.
     """
     from tdiff.report.console import make_console, render_trials

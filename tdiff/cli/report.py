@@ -8,8 +8,9 @@ from pathlib import Path
 
 import click
 
-from tdiff.cli.options import (allow_incomplete_option, allow_unaligned_option, dumps_from, jobs_option, layer_option,
-                               mapping_option, quiet_option, tolerance_from, tolerance_options)
+from tdiff.cli.options import (align_option, allow_incomplete_option, allow_unaligned_option, dumps_from, jobs_option,
+                               json_option, layers_option, mapping_option, name_filter_options, quiet_option,
+                               tolerance_from, tolerance_options)
 from tdiff.errors import TdiffError
 
 
@@ -20,7 +21,8 @@ from tdiff.errors import TdiffError
               help="md: for a pull request; html: one self-contained file with plots; json: every row.")
 @click.option("--out", "-o", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
               help="Write the report to FILE (default: standard output).")
-@layer_option(" (--bisect still walks every layer)")
+@layers_option(" (--bisect still walks every tensor)")
+@name_filter_options
 @click.option("--bisect", "with_bisect", is_flag=True,
               help="Also bisect to the op that introduces the divergence.")
 @click.option("--patch-results", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
@@ -28,13 +30,15 @@ from tdiff.errors import TdiffError
 @click.option("--gh-comment", is_flag=True,
               help="Print the Markdown with a marker line, ready for `gh pr comment -F -`.")
 @tolerance_options
+@json_option
 @allow_incomplete_option()
 @allow_unaligned_option
 @mapping_option
+@align_option
 @quiet_option
 @jobs_option
-def report(dump_a, dump_b, fmt, out, layer, with_bisect, patch_results, gh_comment, exact, atol, rtol, ulp,
-           allow_incomplete, allow_unaligned, mapping, quiet, jobs):
+def report(dump_a, dump_b, fmt, out, layers, select, exclude, with_bisect, patch_results, gh_comment, exact, atol,
+           rtol, ulp, as_json, allow_incomplete, allow_unaligned, mapping, align, quiet, jobs):
     """Write a report of dumps A and B: the first divergence, error per layer and boundary,
     log-prob parity per token (runs aligned by token), the environment, and optionally bisect
     and patch-trial results.
@@ -57,6 +61,10 @@ def report(dump_a, dump_b, fmt, out, layer, with_bisect, patch_results, gh_comme
     from tdiff.report.model import build_report
     from tdiff.report.progress import progress_bar
 
+    if as_json:
+        if fmt not in ("md", "json") or gh_comment:
+            raise TdiffError("--json is --format json; drop --format/--gh-comment")
+        fmt = "json"
     if gh_comment and (fmt != "md" or out is not None):
         raise TdiffError("--gh-comment prints Markdown on standard output; drop --format/--out")
     tolerance = tolerance_from(exact, atol, rtol, ulp)
@@ -65,9 +73,10 @@ def report(dump_a, dump_b, fmt, out, layer, with_bisect, patch_results, gh_comme
         from tdiff.report.plots import require_matplotlib
 
         require_matplotlib()  # fail before the work when matplotlib is missing
-    a, b, pairing = dumps_from(dump_a, dump_b, allow_incomplete, mapping)
+    a, b, pairing = dumps_from(dump_a, dump_b, allow_incomplete, mapping, align)
     with progress_bar("comparing", quiet=quiet) as advance:
-        compared = compare_dumps(a, b, CompareOptions(tolerance=tolerance, layer=layer),
+        compared = compare_dumps(a, b, CompareOptions(tolerance=tolerance, layers=layers, select=list(select),
+                                                      exclude=list(exclude)),
                                  pairing=pairing, progress=advance, jobs=jobs)
     unaligned_notes(compared.alignment, diverged=compared.status != "match", allow_unaligned=allow_unaligned)
     bisected = bisect_dumps(a, b, tolerance=tolerance, pairing=pairing, allow_unaligned=allow_unaligned,

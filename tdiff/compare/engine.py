@@ -15,7 +15,7 @@ import torch
 
 from tdiff.compare.distributed import map_over_processes, torchrun_world
 from tdiff.compare.metrics import EXACT, ReportedMetrics, TensorMetrics, Tolerance, compare_tensors, json_number
-from tdiff.compare.pairing import NameFilter, NamePairing, Pair, Pairing, Side, keep_uncompared
+from tdiff.compare.pairing import NameFilter, NamePairing, Pair, Pairing, Side, keep_uncompared, pair_layer
 from tdiff.compare.parallel import map_in_order, map_until_error
 from tdiff.compare.result import CompareResult, DumpSide, TensorVerdict, status_counts
 from tdiff.compare.tokens import TokenVerdict, token_verdict
@@ -24,7 +24,6 @@ from tdiff.store import Dump, Record
 from tdiff.store.dtypes import stored_nbytes, torch_dtype
 from tdiff.store.fingerprint import fingerprint_algorithm, fingerprint_as
 from tdiff.vocab.kinds import record_kind
-from tdiff.vocab.paths import layer_of, record_layer
 
 
 @dataclass
@@ -79,7 +78,7 @@ class Comparison:
 @dataclass
 class CompareOptions:
     tolerance: Tolerance = EXACT
-    layer: int | None = None
+    layers: str | None = None         # decoder layers, "0-3,7" (None: all)
     select: list[str] = field(default_factory=list)
     exclude: list[str] = field(default_factory=list)
 
@@ -96,7 +95,7 @@ class CompareReport:
     comparisons: list[Comparison]
     pairing: Pairing                  # how the tensors were paired: the report reloads the culprit through it
     alignment: AlignmentPlan | None = None   # how a cross-framework pairing aligned the dumps
-    left_out: int = 0                 # pairs that --layer/--select/--exclude left out
+    left_out: int = 0                 # pairs that --layers/--select/--exclude left out
 
     @property
     def status(self) -> str:
@@ -153,13 +152,12 @@ def compare_dumps(a: Dump, b: Dump, options: CompareOptions | None = None, *,
     torchrun split over its processes (tdiff.compare.distributed): the report is the same."""
     options = options or CompareOptions()
     pairing = pairing or NamePairing()
-    names = NameFilter.of(options.select, options.exclude)
+    names = NameFilter.of(options.select, options.exclude, options.layers)
     paired = pairing.pair(a, b)
-    pairs = [p for p in paired if _wanted(p, options, names)]
-    keep_uncompared(getattr(pairing, "alignment", None),
-                    lambda name: names.wants(name) and (options.layer is None or layer_of(name) == options.layer))
+    pairs = [p for p in paired if names.wants_pair(p)]
+    keep_uncompared(getattr(pairing, "alignment", None), names.wants_tensor)
     if not pairs:
-        raise TdiffError(_nothing_to_compare(options, names))
+        raise TdiffError(names.nothing_left())
     alignment = getattr(pairing, "alignment", None)
     comparisons = _compare_all(PairComparator(a, b, options.tolerance), pairs, jobs, progress, alignment)
     return CompareReport(a, b, options, comparisons, pairing, alignment,
@@ -188,24 +186,15 @@ def _pair_bytes(pair: Pair) -> int:
     return sum(stored_nbytes(r.dtype, r.shape) for side in sides for r in side.records if r.has_data)
 
 
-def pair_layer(name: str, kind: str | None, record: Record) -> int | None:
-    """The decoder layer of a pair (None for explicit dumps): an aligned pair's canonical name
-    carries it (its records may sit elsewhere); else the layer its record's call belongs to."""
-    if record.role == "explicit":
-        return None
-    return layer_of(name) if kind is not None else record_layer(record)
 
-
-def _wanted(pair: Pair, options: CompareOptions, names: NameFilter) -> bool:
-    if options.layer is not None and pair_layer(pair.name, pair.kind, pair.record) != options.layer:
-        return False
-    return names.wants(pair.name)
-
-
-def _nothing_to_compare(options: CompareOptions, names: NameFilter) -> str:
-    if options.layer is not None:
-        return f"nothing to compare: neither dump has tensors of layer {options.layer}"
-    return names.nothing_left()
+def shape_mismatch(shape_a, shape_b) -> str:
+    """Why two tensors cannot be compared; a leading dimension alone that differs is most often a
+    batch against one of its sequences, which --batch-row lines up."""
+    reason = f"shape {list(shape_a)} vs {list(shape_b)}"
+    if len(shape_a) == len(shape_b) > 1 and shape_a[1:] == shape_b[1:]:
+        reason += ("; only the leading dimension differs: for a batch against one of its sequences, capture "
+                   "the batched run with --batch-row N (the sequence's row)")
+    return reason
 
 
 class PairComparator:
@@ -228,8 +217,7 @@ class PairComparator:
         if pair.a.load is None and pair.b.load is None:
             # the shapes and dtypes are known before loading when tensors are compared as stored
             if ra.shape != rb.shape:
-                return self._result(pair, "shape_mismatch",
-                                    reason=f"shape {list(ra.shape)} vs {list(rb.shape)}")
+                return self._result(pair, "shape_mismatch", reason=shape_mismatch(ra.shape, rb.shape))
             if not (ra.has_data and rb.has_data):
                 return self._compare_fingerprints(pair)
         cache_key = self.cache_key(pair)
@@ -243,7 +231,7 @@ class PairComparator:
             # loading checked both tensors against their fingerprints: equal ones are equal bits
             verdict = ("match", TensorMetrics(numel=ta.numel(), bitwise_equal=True), None)
         elif ta.shape != tb.shape:
-            verdict = ("shape_mismatch", None, f"shape {list(ta.shape)} vs {list(tb.shape)}")
+            verdict = ("shape_mismatch", None, shape_mismatch(ta.shape, tb.shape))
         else:
             metrics = compare_tensors(ta, tb, self.tolerance)
             if ta.dtype != tb.dtype:

@@ -18,7 +18,8 @@ import torch
 from tdiff.compare.tokens import TokenRows
 from tdiff.errors import TdiffError
 from tdiff.store import Dump, Record
-from tdiff.vocab.parse import compile_patterns
+from tdiff.vocab.parse import compile_patterns, format_ranges, parse_ranges
+from tdiff.vocab.paths import layer_of, record_layer
 
 
 @dataclass
@@ -88,23 +89,39 @@ def _keyword_and_position_paired(pairs: list[Pair]) -> list[Pair]:
 
 @dataclass(frozen=True)
 class NameFilter:
-    """``--select`` / ``--exclude`` of compare and bisect: a pair is wanted when its name matches
-    a select pattern (or none is given) and no exclude pattern (``re.search``)."""
+    """``--select`` / ``--exclude`` / ``--layers`` of compare, bisect and report: a pair is wanted
+    when its name matches a select pattern (or none is given) and no exclude pattern
+    (``re.search``), and it belongs to one of the decoder layers (when they are given)."""
 
     select: tuple[re.Pattern, ...] = ()
     exclude: tuple[re.Pattern, ...] = ()
+    layers: frozenset[int] | None = None
 
     @classmethod
-    def of(cls, select=(), exclude=()) -> NameFilter:
-        return cls(compile_patterns(select, "--select"), compile_patterns(exclude, "--exclude"))
+    def of(cls, select=(), exclude=(), layers: str | None = None) -> NameFilter:
+        return cls(compile_patterns(select, "--select"), compile_patterns(exclude, "--exclude"),
+                   parse_ranges(layers, "--layers"))
 
     def __bool__(self) -> bool:
-        return bool(self.select or self.exclude)
+        return bool(self.select or self.exclude or self.layers is not None)
 
     def wants(self, name: str) -> bool:
         if any(p.search(name) for p in self.exclude):
             return False
         return not self.select or any(p.search(name) for p in self.select)
+
+    def wants_tensor(self, name: str) -> bool:
+        """A tensor by its (canonical) name alone: its decoder layer is the one the name carries."""
+        return self.wants(name) and (self.layers is None or layer_of(name) in self.layers)
+
+    def wants_pair(self, pair: Pair) -> bool:
+        if self.layers is not None and pair_layer(pair.name, pair.kind, pair.record) not in self.layers:
+            return False
+        return self.wants(pair.name)
+
+    def wants_record(self, record: Record) -> bool:
+        """A record of a dump compared by name (online bisection's discovery runs)."""
+        return self.wants_pair(Pair(record.name, Side([record]), None))
 
     def applied_to(self, pairing: Pairing | None) -> Pairing | None:
         """``pairing`` (None: by name) keeping only the pairs this filter wants; as it is when
@@ -115,9 +132,19 @@ class NameFilter:
         """The one-line error when it leaves no pair."""
         said = [f"--{option} {' '.join(p.pattern for p in patterns)}"
                 for option, patterns in (("select", self.select), ("exclude", self.exclude)) if patterns]
+        if self.layers is not None:
+            said.append(f"--layers {format_ranges(self.layers)}")
         if not said:
             return "nothing to compare: the dumps have no tensor in common"
-        return f"nothing to compare: no tensor name is left by {' and '.join(said)}"
+        return f"nothing to compare: no tensor is left by {' and '.join(said)}"
+
+
+def pair_layer(name: str, kind: str | None, record: Record) -> int | None:
+    """The decoder layer of a pair (None for explicit dumps): an aligned pair's canonical name
+    carries it (its records may sit elsewhere); else the layer its record's call belongs to."""
+    if record.role == "explicit":
+        return None
+    return layer_of(name) if kind is not None else record_layer(record)
 
 
 class FilteredPairing:
@@ -133,11 +160,11 @@ class FilteredPairing:
 
     def pair(self, a: Dump, b: Dump) -> list[Pair]:
         pairs = self.pairing.pair(a, b)
-        wanted = [p for p in pairs if self.name_filter.wants(p.name)]
+        wanted = [p for p in pairs if self.name_filter.wants_pair(p)]
         if pairs and not wanted:
             raise TdiffError(self.name_filter.nothing_left())
         self.left_out = len(pairs) - len(wanted)
-        keep_uncompared(self.alignment, self.name_filter.wants)
+        keep_uncompared(self.alignment, self.name_filter.wants_tensor)
         return wanted
 
 

@@ -121,7 +121,7 @@ class CompareResult:
     a: DumpSide
     b: DumpSide
     tolerance: str                      # Tolerance.describe(): "bitwise" or "atol=... rtol=..."
-    left_out: int                       # pairs that --layer/--select/--exclude left out
+    left_out: int                       # pairs that --layers/--select/--exclude left out
     same_dump: bool
     tensors: list[TensorVerdict]
     alignment: dict | None = None       # the cross-framework pairing's alignment, as it wrote it

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -59,6 +60,33 @@ def fmt_number(value, digits: int = 3) -> str:
     return f"{value:.{digits}g}" if abs(value) >= 1e-3 and abs(value) < 1e4 else f"{value:.{digits - 1}e}"
 
 
+def fmt_cosine(value: float | str | None, digits: int) -> str:
+    """The cosine of two tensors that differ, with ``digits`` decimals, or its distance from 1
+    where those would round it to 1: tensors whose elements all differ must not read as "cosine
+    1.000000". Computed in float64, a cosine of 1 means within ~1e-15 of it."""
+    if value is None or isinstance(value, str):   # a dump's JSON writes NaN as a string
+        return value or "-"
+    if value == 1:
+        return "1-<1e-15"
+    text = f"{value:.{digits}f}"
+    return f"1-{1 - value:.2g}" if text == f"{1:.{digits}f}" else text
+
+
+_NAME_BREAK = re.compile(r"(?<=\.)|(?=\[)")
+
+
+def wrap_name(name: str, width: int) -> list[str]:
+    """A module path in lines of at most ``width`` characters, broken after a dot or before a
+    bracket (``model.layers.1.`` / ``mlp.down_proj``), never inside a word unless one word alone
+    is wider than the column."""
+    lines = [""]
+    for piece in _NAME_BREAK.split(name):
+        if lines[-1] and len(lines[-1]) + len(piece) > width:
+            lines.append("")
+        lines[-1] += piece
+    return [chunk for line in lines for chunk in (line[i:i + width] for i in range(0, len(line), width))] or [""]
+
+
 def describe(c: Comparison, tolerance: str = "bitwise") -> str:
     """One line for one result: what differs and by how much. ``tolerance`` is the verdict's
     (``Tolerance.describe()``): under a tolerance the elements outside it are counted."""
@@ -71,44 +99,98 @@ def describe(c: Comparison, tolerance: str = "bitwise") -> str:
         count = (f"{m.outside_tolerance:,}/{m.numel:,} elements outside {tolerance} "
                  f"({100 * m.outside_fraction:.3g}%; {m.mismatched:,} differ bitwise)")
     text = (f"{count}, max abs {fmt_number(m.max_abs)}, ULP at scale {fmt_number(m.max_ulp_at_scale)} "
-            f"(raw max ULP {fmt_number(m.max_ulp)}), cosine {m.cosine:.9f}")
+            f"(raw max ULP {fmt_number(m.max_ulp)}), cosine {fmt_cosine(m.cosine, 9)}")
     if m.worst_index is not None:
         text += f", worst at {list(m.worst_index)}: {m.worst_a!r} vs {m.worst_b!r}"
     return f"{c.reason}; {text}" if c.reason else text
 
 
-def render_compare(report: CompareReport, console: Console, top: int | None = None) -> None:
+# columns of the compare table, most telling first: the narrower the terminal, the more of the
+# last ones are left out (never "#", the tensor, its status and its share of mismatches)
+_KEPT_COLUMNS = 3   # after "#" and the tensor: status, the mismatch share and ULP at scale
+_NAME_MIN_WIDTH = 20
+_TWO_LINE_LABELS = {"#": "#", "tensor": "tensor", "status": "status", "mismatch": "mismatch",
+                    "outside tol.": "outside\ntol.", "ULP at scale": "ULP at\nscale"}
+
+
+def _width_besides_names(cells: dict[str, list], headers: list[str], labels: dict[str, str]) -> int:
+    """The width the table takes besides the tensor names: each other column's widest cell or
+    label line, the columns' padding and rules, and the tensor column's."""
+    widths = [max([*map(len, labels[header].splitlines()), *(len(str(cell)) for cell in cells[header])])
+              for header in headers if header != "tensor"]
+    return sum(width + 3 for width in widths) + 4
+
+
+def render_compare(report: CompareReport, console: Console, top: int | None = None, wide: bool = False) -> None:
+    """The comparison table, fitted to the console's width unless ``wide``: long tensor names wrap
+    at their dots and brackets, and the least telling columns are left out first (said under the
+    table, with how to see them)."""
     comparisons = report.comparisons
     first = report.first_divergence
     shown = _rows_to_show(comparisons, first, top)
     tolerance = report.options.tolerance
-    table = Table(title=Text(printable(f"{report.a.side} vs {report.b.side} ({tolerance.describe()})")),
-                  title_justify="left", show_lines=False)
-    table.add_column("#", justify="right", no_wrap=True)
-    table.add_column("tensor", overflow="fold", min_width=24, ratio=1)
-    count_column = "mismatch" if tolerance.exact else "outside tol."
     by_token = any(c.tokens is not None for c in comparisons)
-    columns = ["role", "step:call", "status", count_column, "max abs", "ULP at scale", "cosine"]
+    count_column = "mismatch" if tolerance.exact else "outside tol."
+    # header -> cell of one comparison, in order of value
+    cells: dict[str, list[str | Text]] = {"#": [], "tensor": [], "status": [], count_column: [],
+                                          "ULP at scale": []}
     if by_token:
-        columns.insert(3, "tokens equal")
-    for column in columns:
-        table.add_column(column, justify="left" if column in ("role", "status") else "right", no_wrap=True)
+        cells["tokens equal"] = []
+    cells.update({"max abs": [], "step:call": [], "cosine": [], "role": []})
     for index in shown:
         c = comparisons[index]
-        r = c.record
         m = c.metrics if c.diverged else None
+        style = "bold red" if c is first else ("red" if c.diverged else "green")
+        row: dict[str, str | Text] = {"#": str(index), "tensor": printable(c.name),
+               "status": Text(c.status + (" <- first" if c is first else ""), style=style),
+               count_column: f"{100 * (m.mismatch_fraction if tolerance.exact else m.outside_fraction):.3g}%"
+               if m else "",
+               "ULP at scale": fmt_number(m.max_ulp_at_scale) if m else "",
+               "tokens equal": f"{c.tokens.equal:,}/{c.tokens.compared:,}" if c.tokens is not None else "",
+               "max abs": fmt_number(m.max_abs) if m else "", "step:call": f"{c.record.step}:{c.record.call}",
+               "cosine": fmt_cosine(m.cosine, 6) if m else "", "role": c.record.role}
+        for header, column in cells.items():
+            column.append(row[header])
+    headers = list(cells)
+    name_width = max([len("tensor"), *(len(str(name)) for name in cells["tensor"])])
+    # a name wraps between its words (module path parts); the column is no narrower than its longest
+    longest_word = max([0, *(len(word) for name in cells["tensor"] for word in _NAME_BREAK.split(str(name)))])
+    name_floor = min(name_width, max(_NAME_MIN_WIDTH, longest_word))
+    labels = {header: header for header in cells}
+    if not wide:
+        while True:
+            room = console.width - _width_besides_names(cells, headers, labels)
+            if room >= name_floor:
+                break
+            if len(headers) > 2 + _KEPT_COLUMNS:
+                headers.pop()
+            elif labels != _TWO_LINE_LABELS:
+                labels = _TWO_LINE_LABELS
+            else:  # only a name that breaks inside a word fits
+                break
+        name_width = min(name_width, max(room, _NAME_MIN_WIDTH))
+    left_out = [header for header in cells if header not in headers]
+    table = Table(title=Text(printable(f"{report.a.side} vs {report.b.side} ({tolerance.describe()})")),
+                  title_justify="left", show_lines=False)
+    for header in headers:
+        if header == "tensor":
+            table.add_column(header, no_wrap=True, max_width=name_width)
+        else:
+            table.add_column(labels[header], justify="left" if header in ("role", "status") else "right", no_wrap=True)
+    for position, index in enumerate(shown):
+        c = comparisons[index]
         style = "bold red" if c is first else ("red" if c.diverged else "")
-        status = Text(c.status + (" <- first" if c is first else ""), style=style or "green")
-        cells: list[str | Text] = [str(index), Text(printable(c.name)), r.role, f"{r.step}:{r.call}", status,
-                 f"{100 * (m.mismatch_fraction if tolerance.exact else m.outside_fraction):.3g}%" if m else "",
-                 fmt_number(m.max_abs) if m else "", fmt_number(m.max_ulp_at_scale) if m else "",
-                 f"{m.cosine:.6f}" if m else ""]
-        if by_token:
-            cells.insert(4, f"{c.tokens.equal:,}/{c.tokens.compared:,}" if c.tokens is not None else "")
-        table.add_row(*cells, style=style)
+        row_cells = [cells[header][position] for header in headers]
+        row_cells[1] = Text("\n".join(wrap_name(str(row_cells[1]), name_width)))
+        table.add_row(*row_cells, style=style)
+    if wide:
+        console.width = max(console.width, _width_besides_names(cells, headers, labels) + name_width)
     console.print(table)
     if len(shown) < len(comparisons):
         console.print(f"({len(comparisons) - len(shown)} more rows; --top 0 shows all)")
+    if left_out:
+        console.print(f"(left out to fit the terminal: {', '.join(left_out)}; "
+                      "--wide or --json shows all)", highlight=False)
     for label, dump in (("A", report.a), ("B", report.b)):
         for problem in dump.problems:
             console.print(f"[yellow]warning[/yellow]: side {label} incomplete: {escape(problem)}")
@@ -199,7 +281,7 @@ def summary_line(report: CompareReport) -> str:
         return f"diverged: {report.partings[0].describe()}{_token_totals(report)}"
     if first is None:
         # a filter may have left out where the runs part: say so next to the match
-        left_out = f"; {report.left_out} tensor(s) left out by --layer/--select/--exclude" if report.left_out else ""
+        left_out = f"; {report.left_out} tensor(s) left out by --layers/--select/--exclude" if report.left_out else ""
         return (f"match: all {counts['compared']} tensors equal ({report.options.tolerance.describe()})"
                 f"{_token_totals(report)}{left_out}")
     diverged = counts["compared"] - counts["match"]
@@ -320,7 +402,7 @@ def render_bisect(result: BisectResult, console: Console) -> None:
 def _describe_metrics(d: Divergence) -> str:
     m = d.metrics
     text = (f"max abs {fmt_number(m.max_abs)}, ULP at scale {fmt_number(m.max_ulp_at_scale)} "
-            f"(raw max ULP {fmt_number(m.max_ulp)}), cosine {fmt_number(m.cosine, 9)}")
+            f"(raw max ULP {fmt_number(m.max_ulp)}), cosine {fmt_cosine(m.cosine, 9)}")
     return f"{d.reason}; {text}" if d.reason else text
 
 
@@ -330,8 +412,8 @@ def render_trials(report: TrialReport, console: Console) -> None:
     console.print(f"baseline {report.baseline}; runs and logs in {report.workdir} ({report.tolerance})",
                   highlight=False)
     table = Table(title_justify="left", show_lines=False)
-    for column in ("rank", "candidate", "status", "first divergence", "moved", "mismatched", "max ULP"):
-        table.add_column(column, justify="right" if column in ("rank", "moved", "mismatched", "max ULP") else "left",
+    for column in ("rank", "candidate", "status", "first divergence", "moved", "mismatched", "ULP at scale"):
+        table.add_column(column, justify="right" if column in ("rank", "moved", "mismatched", "ULP at scale") else "left",
                          overflow="fold")
     rows = [("-", control)] + [(str(i), r) for i, r in enumerate(report.candidates, 1)]
     for rank, r in rows:
@@ -339,10 +421,11 @@ def render_trials(report: TrialReport, console: Console) -> None:
         name = "(control, unpatched)" if r is control else r.name
         if r is not control and r.patches and not r.applied and r.status != "error":
             name += " (never applied)"
-        first = r.first_divergence.name if r.first_divergence else (r.reason or "")
+        first = (r.first_divergence.name + (f" ({r.first_divergence.reason})" if r.first_divergence.reason else "")
+                 if r.first_divergence else (r.reason or ""))
         moved = "" if r is control else (f"{r.moved_by:+d}" if r.moved_by is not None else "")
         table.add_row(rank, Text(name), Text(r.status, style=style), Text(first), moved,
-                      fmt_number(r.mismatched), fmt_number(r.max_ulp))
+                      fmt_number(r.mismatched), fmt_number(r.max_ulp_at_scale))
     console.print(table)
     best = report.best
     if best is None:

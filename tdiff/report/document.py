@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from tdiff.report.console import describe, fmt_number
+from tdiff.report.console import describe, fmt_cosine, fmt_number
 from tdiff.report.environment import PACKAGES, SideEnvironment
 from tdiff.report.model import BoundaryRow, Report
 from tdiff.version import __version__
@@ -110,14 +110,19 @@ def headline(report: Report) -> tuple:
                  "runs to compare."))
     if culprit is None:
         equal = "bitwise equal" if report.tolerance == "bitwise" else f"equal within {report.tolerance}"
-        left_out = f" ({report.left_out:,} tensors outside --layer were left out.)" if report.left_out else ""
+        left_out = f" ({report.left_out:,} tensors were left out by --layers/--select/--exclude.)" if report.left_out else ""
         return (Strong("Match:"), f" all {report.counts['compared']:,} tensors are {equal}.{left_out}")
     c = culprit.comparison
     where = [c.record.role] + ([f"layer {culprit.layer}"] if culprit.layer is not None else [])
     where += [f"kind {c.boundary_kind}"]
     where += [f"step {c.record.step} call {c.record.call}"] + ([f"rank {c.record.rank}"] if c.record.rank else [])
+    token = culprit.first_token
+    at_token = ("" if token is None or c.tokens is None else
+                f" First differing token: position {token['position']} of sequence {token['seq_a']} (A, step "
+                f"{token['step_a']}, {token['phase_a']}) / {token['seq_b']} (B, step {token['step_b']}, "
+                f"{token['phase_b']}); {c.tokens.equal:,}/{c.tokens.compared:,} tokens equal.")
     return (Strong("Diverged:"), " first divergence at ", Code(c.name), f" ({', '.join(where)}, boundary ",
-            Code(culprit.boundary), f"): {describe(c, report.tolerance)}.")
+            Code(culprit.boundary), f"): {describe(c, report.tolerance)}.{at_token}")
 
 
 def counts_line(report: Report) -> str:
@@ -214,7 +219,7 @@ def diverged_table(report: Report) -> Table:
         status: Inline = (Strong(c.status), " ◀ first") if c is first else c.status
         rows.append([str(index), Code(c.name), c.boundary_kind, c.record.role, f"{c.record.step}:{c.record.call}",
                      status, _percent(m.outside_fraction) if m else "-", fmt_number(m.max_abs) if m else "-",
-                     fmt_number(m.max_ulp_at_scale) if m else "-", f"{m.cosine:.6f}" if m else "-"])
+                     fmt_number(m.max_ulp_at_scale) if m else "-", fmt_cosine(m.cosine, 6) if m else "-"])
         severity.append((c is first, float(m.max_ulp_at_scale or 0) if m else 0.0, m.max_abs if m else 0.0))
     return Table("tensors", f"Diverged tensors ({len(rows):,}), in execution order",
                  ["#", "tensor", "kind", "role", "step:call", "status", count_column(report), "max abs",
@@ -273,7 +278,7 @@ def bisect_blocks(result: BisectResult) -> list[Block]:
          _percent(metrics.outside_fraction)],
         ["max abs", fmt_number(metrics.max_abs)], ["max ULP", fmt_number(metrics.max_ulp)],
         ["ULP at scale", fmt_number(metrics.max_ulp_at_scale)],
-        ["cosine", fmt_number(metrics.cosine, 9)]]
+        ["cosine", fmt_cosine(metrics.cosine, 9)]]
     trail = result.trail
     if trail:
         shown = [Code(t.name or t.module or ROOT_LABEL) for t in trail[:TRAIL_SHOWN]]
@@ -295,13 +300,13 @@ def patch_table(results: TrialReport) -> Table:
         rows.append([label, *_trial_cells(candidate)])
     note = None if best else "no candidate was ranked best"
     return Table("patches", "Patch trials (ranked: best first)", ["candidate", "status", "first divergence",
-                 "moved by", "tensors differ", "max ULP"], rows, numeric=frozenset({3, 4, 5}), note=note)
+                 "moved by", "tensors differ", "ULP at scale"], rows, numeric=frozenset({3, 4, 5}), note=note)
 
 
 def _trial_cells(trial: TrialResult) -> list[Inline]:
     first = trial.first_divergence
     return [trial.status, Code(first.name) if first else "-", fmt_number(trial.moved_by),
-            fmt_number(trial.mismatched), fmt_number(trial.max_ulp)]
+            fmt_number(trial.mismatched), fmt_number(trial.max_ulp_at_scale)]
 
 
 # ---- cells ----

@@ -20,7 +20,7 @@ from tdiff.compare.metrics import json_number
 from tdiff.errors import TdiffError
 from tdiff.report.console import summary_line
 from tdiff.report.environment import Environment, environment_of
-from tdiff.report.parity import ParityRow, token_parity
+from tdiff.report.parity import ParityRow, token_parity, token_phase
 from tdiff.report.tokens import TokenErrors, culprit_token_errors
 from tdiff.vocab.boundaries import parse_layer_name
 from tdiff.vocab.paths import ROOT_LABEL, layer_of
@@ -177,10 +177,14 @@ class Culprit:
     boundary: str
     tokens: TokenErrors | None
     tokens_note: str | None = None  # why there is no per-token error
+    # aligned by token: the first differing token (TokenRef's keys) and how each run computed it
+    # ("phase_a", "phase_b": prefill or decode)
+    first_token: dict | None = None
 
     def to_json(self) -> dict:
         return {"tensor": self.comparison.to_json(), "layer": self.layer, "boundary": self.boundary,
-                "tokens": self.tokens.to_json() if self.tokens else None, "tokens_note": self.tokens_note}
+                "tokens": self.tokens.to_json() if self.tokens else None, "tokens_note": self.tokens_note,
+                "first_token": self.first_token}
 
 
 @dataclass
@@ -200,7 +204,7 @@ class Report:
     bisect: BisectResult | None = None
     patch_results: TrialReport | None = None
     same_dump: str | None = None      # the path, when A and B are the same dump
-    left_out: int = 0                 # tensors --layer left out of the comparison
+    left_out: int = 0                 # tensors --layers/--select/--exclude left out of the comparison
     token_parity: list[ParityRow] = field(default_factory=list)   # log-probs per sequence and rank
 
     @property
@@ -233,7 +237,11 @@ def build_report(compare: CompareReport, *, bisect: BisectResult | None = None,
     if first is not None:
         layer, boundary = boundary_of(first)
         tokens, note = culprit_token_errors(compare.a, compare.b, first, pairs, compare.options.tolerance)
-        culprit = Culprit(first, layer, boundary, tokens, note)
+        token = first.tokens.first_differing if first.tokens is not None else None
+        first_token = None if token is None else {
+            **token.to_json(), "phase_a": token_phase(compare.a, token.seq_a, token.step_a),
+            "phase_b": token_phase(compare.b, token.seq_b, token.step_b)}
+        culprit = Culprit(first, layer, boundary, tokens, note, first_token)
     parity = token_parity(compare.a, compare.b, pairs, compare.comparisons, compare.options.tolerance) \
         if token_aligned else []
     problems = [f"side {label} incomplete: {problem}"

@@ -76,6 +76,21 @@ def response_starts(dump: Dump) -> dict[int, int]:
     return {**decoded, **prompt}
 
 
+def token_phase(dump: Dump, sequence: int, step: int) -> str:
+    """How a run computed a sequence's token in ``step``: "decode" when that step fed the sequence
+    one token after an earlier step fed it (a KV-cache step), else "prefill" (its first forward:
+    an engine's prefill, a trainer's one forward)."""
+    batches = dump.token_batches()
+    index = index_sequences(batches)
+    first_step, fed = None, 0
+    for (at, rank), batch in batches.items():
+        members = sum(1 for seq in batch.seqs if seq != PADDING and index.of(at, rank, seq) == sequence)
+        if members:
+            first_step = at if first_step is None else min(first_step, at)
+            fed += members if at == step else 0
+    return "decode" if fed == 1 and first_step is not None and first_step < step else "prefill"
+
+
 def token_parity(a: Dump, b: Dump, pairs: list[Pair], comparisons: list[Comparison],
                  tolerance: Tolerance) -> list[ParityRow]:
     """Rows per (tensor, sequence pair, rank) of the log-prob tensors (``PARITY_KINDS``)."""

@@ -23,6 +23,7 @@ MAX_TOKEN_POINTS = 2048         # longer sequences are drawn as the maximum over
 MAX_HEATMAP_ROWS = 80          # boundaries shown in the heatmap: the worst when there are more
 ANNOTATE_CELLS = 300            # heatmaps up to this many cells print their values
 EQUAL, MISSING, UNMEASURED = "#c7e9c0", "#eeeeee", "#6a3d9a"
+WITHIN = "#9ecae1"   # under a tolerance: every element within it, some bits differ
 
 
 @dataclass
@@ -44,10 +45,14 @@ def figures(report: Report) -> list[Figure]:
         boundaries = len({row.boundary for row in report.boundaries if row.layer is not None})
         shown = (f" Shown: the {MAX_HEATMAP_ROWS} boundaries with the largest errors of {boundaries}."
                  if boundaries > MAX_HEATMAP_ROWS else "")
+        if report.tolerance == "bitwise":
+            cells = "Fraction of elements whose bits differ. Green: bitwise equal; "
+        else:
+            cells = (f"Fraction of elements outside {report.tolerance}. Green: bitwise equal; blue: within "
+                     "the tolerance, some bits differ; ")
         out.append(Figure("plot-heatmap", "Mismatch by boundary and layer", heatmap_svg(report),
-                          "Fraction of elements whose bits differ. Green: bitwise equal; grey: not "
-                          "captured; purple: differs, not measured (stats mode or one side only). "
-                          "The first divergence is outlined." + shown))
+                          cells + "grey: not captured; purple: differs, not measured (stats mode or one side "
+                          "only). The first divergence is outlined." + shown))
     culprit = report.culprit
     if culprit is not None and culprit.tokens is not None:
         t = culprit.tokens
@@ -159,6 +164,7 @@ def heatmap_svg(report: Report) -> str:
     row_of = {name: i for i, name in enumerate(names)}
     column = {n: j for j, n in enumerate(layers)}
     values = np.full((len(names), len(layers)), np.nan)
+    within: list[tuple[int, int]] = []      # cells within the tolerance whose bits differ
     for row in report.boundaries:
         if row.layer is None or row.boundary not in row_of:
             continue
@@ -167,6 +173,8 @@ def heatmap_svg(report: Report) -> str:
             values[i, j] = 2.0              # above the scale: "differs, not measured" colour
         else:
             values[i, j] = row.outside_fraction or 0.0
+            if not row.outside and row.mismatched:
+                within.append((i, j))
     measured = values[(values > 0) & (values <= 1)]
     low = float(measured.min()) if measured.size else 1e-6
     low = min(low, 0.5)
@@ -176,7 +184,10 @@ def heatmap_svg(report: Report) -> str:
     ax = fig.subplots()
     image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, norm=LogNorm(vmin=low, vmax=1.0),
                       aspect="auto", interpolation="nearest")
-    bar = fig.colorbar(image, ax=ax, extend="both", label="elements that differ")
+    for i, j in within:
+        ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor=WITHIN, edgecolor="none"))
+    bar = fig.colorbar(image, ax=ax, extend="both", label="elements that differ" if report.tolerance == "bitwise"
+                       else f"elements outside {report.tolerance}")
     percent = FuncFormatter(lambda value, _: f"{100 * value:.3g}%")
     bar.ax.yaxis.set_major_formatter(percent)
     # minor ticks are labelled only when the scale spans less than a decade (no major tick but 100%)

@@ -48,11 +48,12 @@ class TokenErrors:
 
     @property
     def worst(self) -> int | None:
-        """The token with the largest difference (the first differing one when all are 0)."""
+        """The token with the largest difference, the first of equals as compare's worst element is
+        (the first differing one when all are 0)."""
         if not self.tokens_differ:
             return None
         differing = self.differing
-        best = max(range(len(self.max_abs)), key=lambda i: (differing[i] > 0, self.max_abs[i], differing[i]))
+        best = max(range(len(self.max_abs)), key=lambda i: (differing[i] > 0, self.max_abs[i]))
         return best if self.max_abs[best] > 0 else next(i for i, n in enumerate(differing) if n)
 
     def label(self, token: int) -> str:

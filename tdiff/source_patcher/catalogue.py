@@ -74,20 +74,46 @@ def builtin(names: list[str] | None = None) -> list[Candidate]:
     return [entries[n] for n in names]
 
 
+def _file_and_names(spec: str) -> tuple[str, list[str] | None]:
+    """``FILE`` or ``FILE:NAME,...``: a path that exists as written is a file, colons and all."""
+    path, colon, names = spec.rpartition(":")
+    if not colon or Path(spec).exists() or not Path(path).is_file():
+        return spec, None
+    chosen = [n.strip() for n in names.split(",") if n.strip()]
+    if not chosen:
+        raise TdiffError(f"{spec!r}: name at least one patch after '{path}:'")
+    return path, chosen
+
+
+def _chosen(items: list, names: list[str] | None, spec: str) -> list:
+    """The items (patches or candidates) of these names, in the order named (None: all)."""
+    if names is None:
+        return items
+    by_name = {item.name: item for item in items}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise TdiffError(f"{spec!r}: no patch named {unknown[0]!r} in the file; it has {', '.join(by_name)}")
+    return [by_name[n] for n in names]
+
+
 def candidates_from(spec: str) -> list[Candidate]:
-    """``builtin``, ``builtin:NAME,...`` or a patch file."""
+    """``builtin``, ``builtin:NAME,...``, a patch file, or ``FILE:NAME,...`` (those of its
+    candidates: a patch alone, or a combination it lists as ``a+b``)."""
     if spec == BUILTIN or spec.startswith(BUILTIN + ":"):
         names = [n.strip() for n in spec[len(BUILTIN) + 1:].split(",") if n.strip()] if ":" in spec else None
         if names == []:
             raise TdiffError(f"{spec!r}: name at least one entry after 'builtin:'")
         return builtin(names)
-    return load_patch_file(spec).candidates()
+    path, names = _file_and_names(spec)
+    return _chosen(load_patch_file(path).candidates(), names, spec)
 
 
 def patches_from(spec: str) -> list[PatchSpec]:
-    """Every patch of a file, or of the named catalogue entries (a patch shared by two entries once)."""
+    """Every patch of a file (``FILE:NAME,...``: those patches), or of the named catalogue entries
+    (a patch shared by two entries once)."""
     if not (spec == BUILTIN or spec.startswith(BUILTIN + ":")):
-        return load_patch_file(spec).patches
+        path, names = _file_and_names(spec)
+        return _chosen(load_patch_file(path).patches, names, spec)
     patches: dict[str, PatchSpec] = {}
     for entry in candidates_from(spec):
         for patch in entry.patches:

@@ -3,7 +3,7 @@
 Run B's command is captured once unpatched (the control) and once per candidate, each run into its
 own dump in a working directory; each dump is compared with the baseline. Candidates are ranked:
 a match first, then by how far the first divergence moved later in execution order (compared to
-the control), then by fewer mismatched tensors, then by smaller max ULP, then by fewer patches;
+the control), then by fewer mismatched tensors, then by smaller ULP at scale, then by fewer patches;
 a run that failed last.
 
     report = try_candidates(candidates_from("builtin"), "dumps/a", ["python", "run.py"])
@@ -45,17 +45,18 @@ class TrialDivergence:
     status: str
     kind: str
     position: int                        # index in execution order
+    reason: str | None = None            # why it differs, where figures cannot say (a shape mismatch)
 
     def to_json(self) -> dict:
         return {"name": self.name, "module": self.module, "role": self.role, "step": self.step,
                 "call": self.call, "rank": self.rank, "status": self.status, "kind": self.kind,
-                "position": self.position}
+                "position": self.position, "reason": self.reason}
 
     @classmethod
     def from_json(cls, data: dict) -> TrialDivergence:
         return cls(name=data["name"], module=data["module"], role=data["role"], step=data["step"],
                    call=data["call"], rank=data["rank"], status=data["status"], kind=data["kind"],
-                   position=data["position"])
+                   position=data["position"], reason=data.get("reason"))   # absent before 0.1.1
 
 
 @dataclass
@@ -72,13 +73,15 @@ class TrialResult:
     position: int | None = None          # index of the first divergence in execution order
     moved_by: int | None = None          # position minus the control's (later is positive)
     mismatched: int | None = None        # tensors that differ from the baseline
-    max_ulp: int | None = None
+    max_ulp: int | None = None           # raw, over the tensors that differ
+    max_ulp_at_scale: float | None = None   # what ranks and shows (tdiff.compare.metrics)
     reason: str | None = None            # why the run failed
 
     def to_json(self) -> dict:
         first = self.first_divergence
         return {"name": self.name, "status": self.status, "first_divergence": first.to_json() if first else None,
                 "moved_by": self.moved_by, "mismatched": self.mismatched, "max_ulp": self.max_ulp,
+                "max_ulp_at_scale": self.max_ulp_at_scale,
                 "position": self.position, "patches": self.patches, "applied": self.applied,
                 "dump": self.dump, "log": self.log, "reason": self.reason}
 
@@ -89,7 +92,7 @@ class TrialResult:
                    log=data["log"], applied=data["applied"],
                    first_divergence=TrialDivergence.from_json(first) if first is not None else None,
                    position=data["position"], moved_by=data["moved_by"], mismatched=data["mismatched"],
-                   max_ulp=data["max_ulp"], reason=data["reason"])
+                   max_ulp=data["max_ulp"], max_ulp_at_scale=data.get("max_ulp_at_scale"), reason=data["reason"])
 
 
 @dataclass
@@ -178,13 +181,14 @@ def try_candidates(candidates: list[Candidate], baseline: str | Path, command: l
 
 
 def _rank(result: TrialResult) -> tuple:
-    """Match first, then the latest first divergence, fewer mismatches, smaller max ULP; among
-    equals the candidate with fewer patches (the smaller fix) first."""
+    """Match first, then the latest first divergence, fewer mismatches, smaller ULP at scale (raw
+    ULP would let one sign flip near zero outweigh a tensor off by many steps); among equals the
+    candidate with fewer patches (the smaller fix) first."""
     if result.status == MATCH:
         return (0, len(result.patches))
     if result.status == ERROR:
         return (2, len(result.patches))
-    ulp = result.max_ulp if result.max_ulp is not None else math.inf
+    ulp = result.max_ulp_at_scale if result.max_ulp_at_scale is not None else math.inf
     assert result.position is not None, "_measure sets it with every divergence"
     return (1, -result.position, result.mismatched, ulp, len(result.patches))
 
@@ -258,8 +262,10 @@ class _Runner:
 def _measure(result: TrialResult, report: CompareReport) -> None:
     diverged = [c for c in report.comparisons if c.diverged]
     result.mismatched = len(diverged)
-    ulps = [c.metrics.max_ulp for c in diverged if c.metrics is not None and c.metrics.max_ulp is not None]
-    result.max_ulp = max(ulps) if ulps else None
+    measured = [c.metrics for c in diverged if c.metrics is not None]
+    result.max_ulp = max((m.max_ulp for m in measured if m.max_ulp is not None), default=None)
+    result.max_ulp_at_scale = max((m.max_ulp_at_scale for m in measured if m.max_ulp_at_scale is not None),
+                                  default=None)
     first = report.first_divergence
     if first is None:
         result.status = MATCH
@@ -270,4 +276,4 @@ def _measure(result: TrialResult, report: CompareReport) -> None:
     result.first_divergence = TrialDivergence(name=first.name, module=record.module, role=record.role,
                                               step=record.step, call=record.call, rank=record.rank,
                                               status=first.status, kind=first.boundary_kind,
-                                              position=result.position)
+                                              position=result.position, reason=first.reason)

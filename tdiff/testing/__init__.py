@@ -43,7 +43,6 @@ def assert_match(dump_a: Dump | str | Path, dump_b: Dump | str | Path, *, layers
     from tdiff.report.console import make_console, render_bisect
     from tdiff.store import Dump, open_dump
     from tdiff.text import printable
-    from tdiff.vocab.parse import parse_ranges
 
     for name, value in (("atol", atol), ("rtol", rtol), ("ulp", 0.0 if ulp is None else ulp)):
         if not 0 <= value < math.inf:
@@ -51,10 +50,8 @@ def assert_match(dump_a: Dump | str | Path, dump_b: Dump | str | Path, *, layers
     tolerance = EXACT if atol == 0 and rtol == 0 and ulp is None else Tolerance(atol=atol or None, rtol=rtol or None, ulp=ulp)
     a = dump_a if isinstance(dump_a, Dump) else open_dump(dump_a)
     b = dump_b if isinstance(dump_b, Dump) else open_dump(dump_b)
-    pairing = NameFilter.of([select] if select is not None else []).applied_to(choose_pairing(a, b))
-    wanted_layers = parse_ranges(layers, "layers")   # None: every layer ("", "all" too)
-    if wanted_layers is not None:
-        pairing = _LayerPairing(pairing, wanted_layers)
+    names = NameFilter.of([select] if select is not None else [], layers=layers)   # layers None, "", "all": every one
+    pairing = names.applied_to(choose_pairing(a, b))
     result = bisect_dumps(a, b, tolerance=tolerance, pairing=pairing, allow_unaligned=allow_unaligned)
     if result.exit_code != 0:
         console = make_console()
@@ -66,30 +63,6 @@ def assert_match(dump_a: Dump | str | Path, dump_b: Dump | str | Path, *, layers
         for note in notes:
             console.print(f"note: {printable(note)}", markup=False, soft_wrap=True)
         raise AssertionError(console.file.getvalue().rstrip())
-
-
-class _LayerPairing:
-    """Another pairing's pairs that belong to the given decoder layers."""
-
-    def __init__(self, pairing, layers: frozenset[int]):
-        self.pairing, self.layers = pairing, layers
-
-    @property
-    def alignment(self):
-        return getattr(self.pairing, "alignment", None)
-
-    def pair(self, a: Dump, b: Dump):
-        from tdiff.compare.engine import pair_layer
-        from tdiff.compare.pairing import keep_uncompared
-        from tdiff.vocab.paths import layer_of
-
-        pairs = self.pairing.pair(a, b)
-        wanted = [p for p in pairs if pair_layer(p.name, p.kind, p.record) in self.layers]
-        keep_uncompared(self.alignment, lambda name: layer_of(name) in self.layers)
-        if not wanted:
-            raise TdiffError(f"nothing to compare: neither dump has tensors of layers "
-                             f"{', '.join(map(str, sorted(self.layers)))}")
-        return wanted
 
 
 __all__ = ["assert_match"]

@@ -34,6 +34,17 @@ def parse_ranges(text: str | None, what: str = "range") -> frozenset[int] | None
     return frozenset(values)
 
 
+def format_ranges(values) -> str:
+    """The inverse of :func:`parse_ranges`: {0, 1, 2, 3, 7} reads "0-3,7"."""
+    runs: list[list[int]] = []
+    for value in sorted(values):
+        if runs and value == runs[-1][1] + 1:
+            runs[-1][1] = value
+        else:
+            runs.append([value, value])
+    return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in runs)
+
+
 def compile_patterns(patterns, what: str) -> tuple[re.Pattern, ...]:
     compiled = []
     for pattern in patterns or ():

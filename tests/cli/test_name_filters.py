@@ -37,7 +37,7 @@ def test_a_match_says_how_many_tensors_the_filters_left_out(dumps):
     left_out = len(everything) - len(kept["tensors"])
     assert kept["left_out"] == left_out > 0
     text = tdiff_cli("compare", *dumps, "--select", r"^layers\.0\.", expect=0).output
-    assert f"{left_out} tensor(s) left out by --layer/--select/--exclude" in text
+    assert f"{left_out} tensor(s) left out by --layers/--select/--exclude" in text
     assert "left out" not in tdiff_cli("compare", *dumps, expect=1).output
     bisected = json.loads(tdiff_cli("bisect", *dumps, "--select", r"^layers\.0\.", "--json", expect=0).output)
     assert any("left out by --select/--exclude" in note for note in bisected["notes"])
@@ -57,6 +57,6 @@ def test_bisect_select_and_exclude_keep_what_compare_keeps(dumps):
 def test_a_filter_that_leaves_nothing_exits_2_in_one_line(dumps, command):
     result = tdiff_cli(command, *dumps, "--select", "nothing-is-named-so", "--exclude", "x", expect=2)
     assert result.output.strip().endswith(
-        "nothing to compare: no tensor name is left by --select nothing-is-named-so and --exclude x")
+        "nothing to compare: no tensor is left by --select nothing-is-named-so and --exclude x")
     assert len(result.output.strip().splitlines()) == 1
     assert "not a valid regular expression" in tdiff_cli(command, *dumps, "--exclude", "(", expect=2).output

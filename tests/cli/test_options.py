@@ -15,16 +15,17 @@ from tdiff.errors import TdiffError
 FAMILIES = {
     ("--mapping",): {"compare", "bisect", "report"},
     ("--allow-incomplete",): {"compare", "bisect", "report"},
-    ("--json",): {"compare", "bisect", "patch check", "patch try"},
+    ("--json",): {"compare", "bisect", "report", "patch check", "patch try"},
     ("--quiet",): set(COMMANDS) - {"patch"} | {"patch apply", "patch check", "patch try"},
     ("--exact", "--atol", "--rtol"): {"compare", "bisect", "report", "patch try"},
-    ("--layer",): {"compare", "report"},
+    ("--layers", "--layer"): {"compare", "bisect", "report", "capture", "patch try"},
+    ("--align",): {"compare", "bisect", "report"},
     ("--workdir",): {"bisect", "patch try"},
-    ("--layers", "--batch-row"): {"capture", "patch try"},
+    ("--batch-row",): {"capture", "patch try"},
     ("--steps",): {"capture", "patch try", "bisect"},
     ("--config",): {"patch apply", "patch check"},
 }
-SELECTIONS = {"tensors": {"compare", "bisect"}, "modules": {"capture", "patch try"}}
+SELECTIONS = {"tensors": {"compare", "bisect", "report"}, "modules": {"capture", "patch try"}}
 
 
 def leaf_commands() -> dict:

@@ -84,7 +84,7 @@ def test_report_marks_the_calling_layer_first(dumps, tmp_path):
     assert f"| **{FAULTY}** ◀ first |" in (tmp_path / "r.md").read_text()
     # layer 0 alone matches: the match says what --layer left out
     tdiff_cli("report", *dumps, "--layer", 0, "-o", tmp_path / "0.md", expect=0)
-    assert "tensors outside --layer were left out" in (tmp_path / "0.md").read_text()
+    assert "tensors were left out by --layers/--select/--exclude" in (tmp_path / "0.md").read_text()
 
 
 def test_capture_layers_records_the_calls_each_layer_made(tmp_path):

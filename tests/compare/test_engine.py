@@ -46,4 +46,4 @@ def test_filters_and_nothing_to_compare(tmp_path):
     b = dump_of(tmp_path / "b", x=torch.ones(2), y=torch.zeros(2))
     assert compare_dumps(a, b, CompareOptions(select=["^x$"])).status == "match"
     with pytest.raises(TdiffError, match="nothing to compare"):
-        compare_dumps(a, b, CompareOptions(layer=3))
+        compare_dumps(a, b, CompareOptions(layers="3"))

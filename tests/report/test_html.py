@@ -98,3 +98,20 @@ def test_stats_mode_dumps_report_unmeasured_divergence(tmp_path):
     # a match row of a stats dump is measured by its fingerprint: bitwise equal
     gate = next(row for row in report.boundaries if (row.layer, row.boundary) == (1, "mlp.gate_proj"))
     assert gate.diverged == 0 and gate.mismatch_fraction == 0.0
+
+
+def test_the_heatmap_under_a_tolerance_says_so_and_tells_bits_that_differ_from_equal_ones(demo_dumps):
+    from tdiff.compare.engine import CompareOptions
+    from tdiff.compare.metrics import Tolerance
+    from tdiff.report.plots import WITHIN, figures
+
+    a, b, _ = (open_dump(path) for path in demo_dumps)
+    loose = build_report(compare_dumps(a, b, CompareOptions(tolerance=Tolerance(atol=1.0))))
+    assert loose.status == "match" and any(row.mismatched and not row.outside for row in loose.boundaries)
+    heatmap = next(f for f in figures(loose) if f.key == "plot-heatmap")
+    assert "outside atol=1 rtol=0" in heatmap.caption and "bits differ" not in heatmap.caption.split(".")[0]
+    assert "blue: within the tolerance, some bits differ" in heatmap.caption
+    assert "elements outside atol=1" in heatmap.svg and f"fill: {WITHIN}" in heatmap.svg
+    bitwise = next(f for f in figures(build_report(compare_dumps(a, b))) if f.key == "plot-heatmap")
+    assert bitwise.caption.startswith("Fraction of elements whose bits differ. Green: bitwise equal;")
+    assert f"fill: {WITHIN}" not in bitwise.svg

@@ -190,17 +190,18 @@ def test_patch_results_become_a_ranked_table(demo_dumps, tmp_path):
 
     trials = TrialReport(
         baseline=str(a), command=["python", "run.py"], workdir="w", tolerance="bitwise",
-        control=trial("control", "diverged", first_divergence=first, position=61, mismatched=71, max_ulp=29979),
-        candidates=[trial("fp32-rmsnorm", "match", mismatched=0, max_ulp=0),
+        control=trial("control", "diverged", first_divergence=first, position=61, mismatched=71, max_ulp=29979,
+                      max_ulp_at_scale=2.5),
+        candidates=[trial("fp32-rmsnorm", "match", mismatched=0, max_ulp=0, max_ulp_at_scale=0.0),
                     trial("fp32-rope", "diverged", first_divergence=first, position=61, moved_by=0,
-                          mismatched=71, max_ulp=29979)])
+                          mismatched=71, max_ulp=29979, max_ulp_at_scale=2.5)])
     (tmp_path / "trials.json").write_text(json.dumps(trials.to_json()))
     assert TrialReport.from_json(json.loads((tmp_path / "trials.json").read_text())) == trials
     text = tdiff_cli("report", a, b, "--patch-results", tmp_path / "trials.json", expect=1).stdout
     rows = table_rows(text, "| candidate | status |")
-    assert rows == [["**control** (unpatched)", "diverged", f"`{PLANTED}`", "-", "71", "29,979"],
+    assert rows == [["**control** (unpatched)", "diverged", f"`{PLANTED}`", "-", "71", "2.5"],   # ULP at scale
                     ["`fp32-rmsnorm` ★ best", "match", "-", "-", "0", "0"],
-                    ["`fp32-rope`", "diverged", f"`{PLANTED}`", "0", "71", "29,979"]]
+                    ["`fp32-rope`", "diverged", f"`{PLANTED}`", "0", "71", "2.5"]]
     reported = tdiff_cli("report", a, b, "--patch-results", tmp_path / "trials.json", "--format", "json", expect=1)
     assert json.loads(reported.stdout)["patch_results"] == trials.to_json()  # the trials' JSON, as written
 

@@ -1,4 +1,5 @@
-"""One name for one thing across commands: --quiet everywhere, --layer on compare and report,
+"""One name for one thing across commands: --quiet everywhere, --layers RANGES (alias --layer)
+wherever layers are chosen, --select/--exclude/--align/--json on compare, bisect and report,
 --workdir (alias --work) wherever a work directory is taken, and bisect's boundary kind in
 compare's JSON and the report's tables."""
 
@@ -32,15 +33,39 @@ def test_every_command_has_quiet_and_one_workdir_flag():
     takes_workdir = {name: opts for name, command in commands.items() for opts in options_of(command).values()
                      if "--workdir" in opts or "--work" in opts}
     assert takes_workdir == {"bisect": ["--workdir", "--work"], "patch try": ["--workdir", "--work"]}
-    for name in ("compare", "report"):
-        assert options_of(commands[name])["layer"] == ["--layer"]
-    for name in ("capture", "patch try"):
-        assert options_of(commands[name])["layers"] == ["--layers"]
+    for name in ("compare", "bisect", "report", "capture", "patch try"):   # one spelling, the other an alias
+        assert options_of(commands[name])["layers"] == ["--layers", "--layer"]
+    for name in ("compare", "bisect", "report"):
+        assert {"select", "exclude", "align", "as_json"} <= set(options_of(commands[name]))
+
+
+def test_layers_takes_ranges_on_every_command_that_compares(demo_dumps):
+    a, b, _ = demo_dumps
+    compared = json.loads(tdiff_cli("compare", a, b, "--layers", "0-1", "--json", expect=1).output)
+    assert {t["layer"] for t in compared["tensors"]} == {0, 1}
+    assert json.loads(tdiff_cli("compare", a, b, "--layers", "0", "--json", expect=0).output)["status"] == "match"
+    # bisect: layer 0 alone matches; with layer 1 the planted norm is named
+    assert json.loads(tdiff_cli("bisect", a, b, "--layers", "0", "--json", expect=0).output)["status"] == "match"
+    found = json.loads(tdiff_cli("bisect", a, b, "--layer", "0-1", "--json", expect=1).output)["first_divergence"]
+    assert found["module"] == PLANTED
+    line = tdiff_cli("bisect", a, b, "--layers", "7", expect=2).stderr.strip()
+    assert line == "tdiff: error: nothing to compare: no tensor is left by --layers 7"
+
+
+def test_report_selects_excludes_aligns_and_prints_json_as_compare_does(demo_dumps):
+    a, b, _ = demo_dumps
+    args = ["--select", r"^model\.layers\.1\.", "--exclude", "mlp", "--align", "names"]
+    compared = json.loads(tdiff_cli("compare", a, b, *args, "--json", expect=1).output)
+    reported = json.loads(tdiff_cli("report", a, b, *args, "--json", expect=1).output)
+    assert reported["summary"] == compared["summary"]
+    assert {t["name"] for t in compared["tensors"]} and all(
+        t["name"].startswith("model.layers.1.") and "mlp" not in t["name"] for t in compared["tensors"])
+    assert json.loads(tdiff_cli("report", a, b, "--format", "json", expect=1).output)["summary"] != reported["summary"]
 
 
 def test_report_layer_keeps_the_tensors_of_that_layer_as_compare_does(demo_dumps):
     a, b, _ = demo_dumps
-    compared = json.loads(tdiff_cli("compare", a, b, "--layer", 1, "--json", expect=1).output)
+    compared = json.loads(tdiff_cli("compare", a, b, "--layer", 1, "--json", expect=1).output)   # the alias
     reported = json.loads(tdiff_cli("report", a, b, "--layer", 1, "--format", "json", expect=1).output)
     assert {t["layer"] for t in compared["tensors"]} == {1}
     assert reported["summary"] == compared["summary"]

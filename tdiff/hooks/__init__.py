@@ -44,14 +44,16 @@ def capture(out_dir, *, side=None, select=(), exclude=(), layers=None, steps=Non
                    mode=mode, storage=storage, model=model, ops=ops, force=force, **options)
 
 
-def dump(name: str, value, *, positions=None, seq_ids=None):
+def dump(name: str, value, *, positions=None, seq_ids=None, layout=None):
     """Record ``value`` (a tensor or a nested structure of them) under ``name``; returns ``value``.
 
     ``positions`` (an integer tensor over the value's leading token dims) gives the position each
     row stands for, 0-based from the start of its sequence (for a log-prob: the position of the
     token it scores); ``seq_ids`` (same shape) the index of each row's sequence in the forward just
     run, by default the row of a 2-D ``positions`` (the element of a 1-D one). With them the rows
-    align by token against the other run (docs/ALIGNMENT.md).
+    align by token against the other run (docs/ALIGNMENT.md). ``layout`` (``"batch-first"`` or
+    ``"seq-first"``) says how a value shaped like its forward's token grid lays the grid out, where
+    the shape alone cannot tell (a square batch: as many sequences as tokens in each).
 
     A no-op when no capture is active, so the call can stay in user code, and inside code that
     torch.compile compiles (which then compiles as if the call were not there).
@@ -60,7 +62,7 @@ def dump(name: str, value, *, positions=None, seq_ids=None):
         return value
     active = active_capture()
     if active is not None:
-        active.dump(name, value, positions=positions, seq_ids=seq_ids)
+        active.dump(name, value, positions=positions, seq_ids=seq_ids, layout=layout)
     return value
 
 

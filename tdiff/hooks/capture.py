@@ -33,7 +33,7 @@ from tdiff.store.fingerprint import xxh3_fingerprint
 from tdiff.store.manifest import MANIFEST_DIR, create_dump, new_part_id
 from tdiff.store.record import Record
 from tdiff.store.storage import STORAGES
-from tdiff.store.tokens import FRAMEWORK_LAYOUTS, TokenBatch
+from tdiff.store.tokens import FRAMEWORK_LAYOUTS, LAYOUTS, TokenBatch
 from tdiff.store.writer import DEFAULT_MAX_PENDING, DEFAULT_SHARD_BYTES, DumpWriter, Pending
 
 if TYPE_CHECKING:
@@ -418,11 +418,13 @@ class Capture:
         self._tokens_step = step
         self.writer.submit_tokens(dataclasses.replace(batch, step=step, rank=self._current_rank()))
 
-    def dump(self, name: str, value, positions=None, seq_ids=None) -> None:
-        self._outside_ops(self._dump, name, value, positions, seq_ids)
+    def dump(self, name: str, value, positions=None, seq_ids=None, layout=None) -> None:
+        if layout not in (None, *LAYOUTS):
+            raise TdiffError(f"tdiff.dump({name!r}): layout={layout!r}: use one of {', '.join(LAYOUTS)}")
+        self._outside_ops(self._dump, name, value, positions, seq_ids, layout)
         self._settle_if_outermost()
 
-    def _dump(self, name: str, value, positions=None, seq_ids=None) -> None:
+    def _dump(self, name: str, value, positions=None, seq_ids=None, layout=None) -> None:
         thread = self.running.thread()
         stack = thread.stack
         parent = stack[-1] if stack else None
@@ -440,6 +442,8 @@ class Capture:
             attrs = {}
             if positions is not None:
                 attrs["tokens"] = row_tokens(tuple(tensor.shape), positions, seq_ids).to_json()
+            if layout is not None:
+                attrs["layout"] = layout
             self._record(tensor, tensor_name(name, sub), sub, "explicit", call, where, attrs)
         self._summaries.launch()
 

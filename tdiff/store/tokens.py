@@ -19,6 +19,7 @@ from tdiff.errors import DumpError
 PADDING = -1   # the sequence index of a grid cell that holds no token
 # how a framework's activations lay out a [batch, seq] grid, where its modules declare nothing
 # (attrs "layout"): Megatron's are [seq, batch, ...], transformers' [batch, seq, ...]
+LAYOUTS = ("batch-first", "seq-first")   # how a value lays out a 2-D token grid: [batch, seq] or [seq, batch]
 FRAMEWORK_LAYOUTS = {"megatron": "seq-first", "transformers": "batch-first", "sglang": "batch-first"}
 
 

@@ -71,3 +71,30 @@ def test_a_square_grid_nothing_declares_exits_2_naming_how_to_declare_it(tmp_pat
     model.batch_first = False   # declared the torch.nn way: read as seq-first, and the runs match
     batch, alone = batched(tmp_path / "declared", model), one_by_one(tmp_path / "declared-alone", model)
     tdiff_cli("compare", alone, batch, "--ulp", "64", expect=0)
+
+
+def test_an_explicit_dump_over_a_square_grid_says_its_layout_with_layout(tmp_path):
+    hidden = embedded(SEQUENCES)   # [batch, seq, h]
+
+    def dumped(path, value, **layout):
+        with tdiff.capture(path):
+            tdiff.tokens(input_ids=SEQUENCES)
+            tdiff.dump("hidden", value, **layout)
+        return path
+
+    alone = tmp_path / "alone"
+    with tdiff.capture(alone):
+        for row, h in zip(SEQUENCES, hidden):
+            tdiff.tokens(input_ids=row[None])
+            tdiff.dump("hidden", h[None])
+            tdiff.step()   # one step a sequence, as an engine's one request at a time
+    undeclared = dumped(tmp_path / "undeclared", hidden)
+    assert "layout='batch-first' or 'seq-first'" in tdiff_cli("compare", alone, undeclared, expect=2).output
+    tdiff_cli("compare", alone, dumped(tmp_path / "batch-first", hidden, layout="batch-first"), expect=0)
+    seq_first = dumped(tmp_path / "seq-first", hidden.transpose(0, 1).contiguous(), layout="seq-first")
+    tdiff_cli("compare", alone, seq_first, expect=0)
+    spoiled = hidden.transpose(0, 1).clone()
+    spoiled[2, 1, 3] += 1   # position 2 of sequence 1
+    printed = " ".join(tdiff_cli("compare", alone, dumped(tmp_path / "spoiled", spoiled, layout="seq-first"),
+                                 expect=1).output.split())
+    assert "position 2" in printed

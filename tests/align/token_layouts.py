@@ -51,7 +51,7 @@ def capture_run(path, run: Run) -> None:
                 lens = [len(ps) for _, ps in forward.feeds]
                 tdiff.tokens(input_ids=ids, positions=positions, seq_lens=lens,
                              seq_ids=[key.split("#")[0] for key, _ in forward.feeds] if forward.ids else None)
-            tdiff.dump("hidden", values)
+            tdiff.dump("hidden", values, layout="batch-first")   # a square padded grid needs it said
 
 
 def _grid(run: Run, forward: Forward, k: int):

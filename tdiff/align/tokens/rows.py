@@ -159,7 +159,8 @@ def _mode(record: Record, batch: TokenBatch) -> str | None:
             raise TdiffError(
                 f"{record.name}: shape {list(shape)} may be [batch, seq] or [seq, batch] over step {record.step}'s "
                 f"square token grid {list(grid)}, and nothing declares which; declare it: give the module a "
-                "batch_first attribute (torch.nn's convention), or dump the value with tdiff.dump(..., positions=P)")
+                "batch_first attribute (torch.nn's convention), or dump the value with "
+                "tdiff.dump(..., layout='batch-first' or 'seq-first') or tdiff.dump(..., positions=P)")
         return "grid"
     if seq_major:
         return "seq-major"

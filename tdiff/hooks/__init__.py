@@ -21,6 +21,8 @@ def capture(out_dir, *, side=None, select=(), exclude=(), layers=None, steps=Non
         side: a label for reports (defaults to the directory name).
         select / exclude: regexes searched in module paths (and explicit dump names, for exclude).
         layers / steps: ranges like "0-3,7" (or ints, or lists) restricting what is recorded.
+            A ``select`` or ``layers`` that matches no module is said at the capture's end (a
+            warning, and a note in the dump), with the number of explicit dumps recorded.
         mode: "full" stores tensors; "stats" stores fingerprints and statistics only.
         storage: "safetensors" or "h5".
         model: the outermost model; names are taken from it and its ``forward`` is wrapped too.

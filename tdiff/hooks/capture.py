@@ -21,6 +21,7 @@ import functools
 import os
 from importlib import metadata
 import sys
+import warnings
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -119,6 +120,10 @@ class Capture:
         self.selection = Selection(list(select), list(exclude), _ranges(layers, "--layers"),
                                    _ranges(steps, "--steps"))
         self.model = model
+        # the module filters given, as the caller wrote them: said at the end when they match no module
+        self._filters = " and ".join(f"{option}={value!r}" for option, value in
+                                     (("select", list(select)), ("layers", layers)) if value)
+        self._recorded = {"module": 0, "explicit": 0}
         self.force = force          # replace an earlier run's dump in out_dir
         self.launched = launched    # started by a command runner that holds the dump (tdiff.launch)
         self._claim: Claim | None = None
@@ -183,6 +188,11 @@ class Capture:
         if self._pending_tokens is not None and not self.part.closed:
             self._write_tokens(self._pending_tokens)  # no forward followed: they describe this step
         self._summaries.flush()
+        if self._filters and not self._recorded["module"] and not self.launched:   # (tdiff capture says it itself)
+            unmatched = (f"{self._filters} matched no module; recorded {self._recorded['explicit']} explicit "
+                         "dump(s)")
+            self.note(unmatched)
+            warnings.warn(f"tdiff.capture({str(self.root)!r}): {unmatched}", stacklevel=3)
         self.part.close(error, self.notes)
         self._stack_room.give_back()
         if self._claim is not None:
@@ -472,6 +482,7 @@ class Capture:
             if not any(note.startswith(unfit) for note in self.notes):   # once a kind
                 self.note(f"{unfit}: not recorded (the first: {name})")
             return None
+        self._recorded["explicit" if role == "explicit" else "module"] += 1
         device = tensor.device
         module_path, module, parent, depth, annotator, counter, layer = where
         graph = self._graphs.capturing()

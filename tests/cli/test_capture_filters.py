@@ -24,3 +24,30 @@ def test_a_filter_that_leaves_nothing_recorded_is_exit_2_naming_it(tmp_path):
     assert result.exit_code == 2
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("tdiff: error: --select ^nothing$ matched no module and nothing else was recorded")
+
+
+def test_the_python_capture_says_a_filter_that_matched_no_module(tmp_path):
+    import pytest
+    import torch
+
+    import tdiff
+    from tdiff.store import open_dump
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    with (pytest.warns(UserWarning, match=r"layers='0-1' matched no module; recorded 1 explicit dump\(s\)"),
+          tdiff.capture(tmp_path / "d", layers="0-1")):
+        tdiff.dump("logprobs", model(torch.ones(1, 2)))
+    assert any("matched no module" in note for note in open_dump(tmp_path / "d").notes)
+    with (pytest.warns(UserWarning, match=r"select=\['\^nothing\$'\] and layers='0-1' matched no module; recorded 0"),
+          tdiff.capture(tmp_path / "e", layers="0-1", select=["^nothing$"])):
+        model(torch.ones(1, 2))
+
+
+def test_the_python_capture_says_nothing_when_its_filter_matched_a_module(tmp_path, recwarn):
+    import torch
+
+    import tdiff
+
+    with tdiff.capture(tmp_path / "d", select=["^0$"]):
+        torch.nn.Sequential(torch.nn.Linear(2, 2))(torch.ones(1, 2))
+    assert not [w for w in recwarn if "matched no module" in str(w.message)]

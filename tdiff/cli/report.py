@@ -78,11 +78,11 @@ def report(dump_a, dump_b, fmt, out, layers, select, exclude, with_bisect, patch
         compared = compare_dumps(a, b, CompareOptions(tolerance=tolerance, layers=layers, select=list(select),
                                                       exclude=list(exclude)),
                                  pairing=pairing, progress=advance, jobs=jobs)
-    unaligned_notes(compared.alignment, diverged=compared.status != "match", allow_unaligned=allow_unaligned)
+    notes = unaligned_notes(compared.alignment, diverged=compared.status != "match", allow_unaligned=allow_unaligned)
     bisected = bisect_dumps(a, b, tolerance=tolerance, pairing=pairing, allow_unaligned=allow_unaligned,
                             jobs=jobs) if with_bisect else None
     with progress_bar("writing the report", quiet=quiet):
-        result = build_report(compared, bisect=bisected, patch_results=patches)
+        result = build_report(compared, bisect=bisected, patch_results=patches, notes=notes)
         text = _render(result, fmt, gh_comment)
     if out is None:
         click.echo(text, nl=False)

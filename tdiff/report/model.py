@@ -225,9 +225,10 @@ class Report:
 
 
 def build_report(compare: CompareReport, *, bisect: BisectResult | None = None,
-                 patch_results: TrialReport | None = None) -> Report:
+                 patch_results: TrialReport | None = None, notes: list[str] | None = None) -> Report:
     """The report of one comparison. The culprit is reloaded through the pairing the comparison
-    used (aligned tensors included) for its per-token error."""
+    used (aligned tensors included) for its per-token error. ``notes``: what the verdict accepted
+    without comparing (rows of tokens left uncompared under --allow-unaligned), listed as warnings."""
     boundaries = boundary_rows(compare.comparisons)
     first = compare.first_divergence
     token_aligned = any(c.tokens is not None for c in compare.comparisons)
@@ -246,6 +247,7 @@ def build_report(compare: CompareReport, *, bisect: BisectResult | None = None,
         if token_aligned else []
     problems = [f"side {label} incomplete: {problem}"
                 for label, dump in (("A", compare.a), ("B", compare.b)) for problem in dump.problems]
+    problems += notes or []
     return Report(side_a=compare.a.side, side_b=compare.b.side,
                   tolerance=compare.options.tolerance.describe(), status=compare.status,
                   counts=compare.counts(), summary=summary_line(compare), comparisons=compare.comparisons,

@@ -39,6 +39,10 @@ def test_a_decode_step_without_token_metadata_makes_a_match_exit_2_unless_allowe
     assert uncompared["count"] >= lost and uncompared["first"]["tensor"] == "hidden"
     assert set(uncompared["first"]) == {"tensor", "seq_a", "seq_b", "position", "why"}
     assert "not compared" in tdiff_cli("bisect", a, b, "--allow-unaligned", expect=0).output
+    report = tdiff_cli("report", a, b, "--allow-unaligned", expect=0).output   # Markdown: the note as a warning
+    assert "**Warning:**" in report and "not compared" in report
+    assert any("not compared" in p for p in json.loads(
+        tdiff_cli("report", a, b, "--allow-unaligned", "--json", expect=0).output)["problems"])
     with pytest.raises(TdiffError, match="--allow-unaligned accepts that"):
         assert_match(a, b)
     assert_match(a, b, allow_unaligned=True)

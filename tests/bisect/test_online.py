@@ -65,7 +65,7 @@ def test_a_16_layer_model_without_stats_pass_takes_at_most_log2_boundaries_plus_
 def test_a_tolerance_searches_and_graft_tells_an_amplifier_from_the_op_that_made_the_difference(tmp_path):
     report, progress = bisect("--run-a", AMPLIFY, "--run-b", f"{AMPLIFY} --split-k", "--atol", "1e-5",
                               "--rtol", "0", "--graft", expect=1)
-    assert "stats pass skipped (fingerprints cannot judge --atol/--rtol)" in progress
+    assert "stats pass skipped (fingerprints cannot judge --atol/--rtol/--ulp)" in progress
     d = report["first_divergence"]
     # `proj` differs by less than 1e-5; `amplify` scales that past the tolerance
     assert (d["module"], d["event"]) == ("amplify", "output")

@@ -11,23 +11,40 @@ import ctypes
 
 import importlib.util
 
+import xxhash
+
 
 class _Hash128(ctypes.Structure):
     _fields_ = [("low64", ctypes.c_uint64), ("high64", ctypes.c_uint64)]
 
 
-_lib = ctypes.CDLL(importlib.util.find_spec("xxhash._xxhash").origin)  # type: ignore[union-attr]
-_lib.XXH3_createState.restype = ctypes.c_void_p
-_lib.XXH3_freeState.argtypes = [ctypes.c_void_p]
-_lib.XXH3_128bits_reset.argtypes = [ctypes.c_void_p]
-_lib.XXH3_128bits_update.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
-_lib.XXH3_128bits_digest.argtypes = [ctypes.c_void_p]
-_lib.XXH3_128bits_digest.restype = _Hash128
+def _exported_xxh3() -> ctypes.CDLL | None:
+    """xxhash's extension module as a C library, where it exports XXH3 (xxhash 4.1 does); else
+    None, and hashing goes through the xxhash module, holding the GIL."""
+    try:
+        lib = ctypes.CDLL(importlib.util.find_spec("xxhash._xxhash").origin)  # type: ignore[union-attr]
+        lib.XXH3_createState.restype = ctypes.c_void_p
+        lib.XXH3_freeState.argtypes = [ctypes.c_void_p]
+        lib.XXH3_128bits_reset.argtypes = [ctypes.c_void_p]
+        lib.XXH3_128bits_update.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+        lib.XXH3_128bits_digest.argtypes = [ctypes.c_void_p]
+        lib.XXH3_128bits_digest.restype = _Hash128
+    except (OSError, AttributeError):
+        return None
+    return lib
+
+
+_lib = _exported_xxh3()
 
 
 def xxh3_128_hex(prefix: bytes, address: int, nbytes: int) -> str:
     """XXH3-128 (seed 0) of ``prefix`` followed by the ``nbytes`` bytes at ``address``, as
     ``xxhash.xxh3_128(prefix + data).hexdigest()`` writes it. The caller keeps the bytes alive."""
+    if _lib is None:
+        hasher = xxhash.xxh3_128(prefix)
+        if nbytes:
+            hasher.update((ctypes.c_char * nbytes).from_address(address))   # the bytes, not a copy
+        return hasher.hexdigest()
     state = _lib.XXH3_createState()
     if not state:
         raise MemoryError("XXH3_createState")

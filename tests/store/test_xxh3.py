@@ -29,3 +29,14 @@ def test_threads_hashing_at_once_get_each_their_own_digest():
     for t in threads:
         t.join()
     assert got == expected
+
+
+@given(prefix=st.binary(max_size=64), data=st.binary(max_size=4096))
+def test_without_the_exported_library_the_digest_is_the_same(prefix, data):
+    from unittest import mock
+
+    from tdiff.store import xxh3
+
+    array = np.frombuffer(data, dtype=np.uint8) if data else np.empty(0, dtype=np.uint8)
+    with mock.patch.object(xxh3, "_lib", None):   # an xxhash whose extension exports no XXH3 symbols
+        assert xxh3_128_hex(prefix, array.ctypes.data, array.nbytes) == xxhash.xxh3_128(prefix + data).hexdigest()

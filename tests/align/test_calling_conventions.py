@@ -75,3 +75,20 @@ def test_a_one_sided_output_is_still_a_divergence(dumps, tmp_path):
         run.dump_logprobs(logits, ids)
     result = bisect_dumps(dumps / "engine", tmp_path / "extra")
     assert result.status == "diverged"
+
+
+def test_allow_incomplete_is_honoured_by_bisect_as_by_compare(dumps, tmp_path):
+    """An engine dump cut short before its end line (a killed server): with --allow-incomplete both
+    commands judge what it holds alike, its one-sided inputs listed and not a divergence."""
+    import shutil
+
+    cut = tmp_path / "engine-cut"
+    shutil.copytree(dumps / "engine", cut)
+    for manifest in (cut / "manifests").glob("*.jsonl"):
+        lines = manifest.read_text().splitlines(keepends=True)
+        manifest.write_text("".join(lines[:-1]))   # no end line: the part reads as incomplete
+    for command in ("compare", "bisect"):
+        assert "incomplete" in tdiff_cli(command, dumps / "trainer", cut, "--ulp", "16", expect=2).output
+        printed = " ".join(tdiff_cli(command, dumps / "trainer", cut, "--ulp", "16", "--allow-incomplete",
+                                     expect=0).output.split())
+        assert "one run alone passes" in printed, (command, printed)

@@ -11,10 +11,10 @@ mkdir -p "$out"
 
 step() { printf '\n== %s\n' "$*"; }
 
-step "capture the reference run"
-tdiff capture --force --out "$out/a" --side reference -- python examples/demo/run.py
+step "capture the reference run (--params: each module's parameters, for bisect's exact replay of the culprit)"
+tdiff capture --force --params --out "$out/a" --side reference -- python examples/demo/run.py
 step "capture the run with the planted divergence"
-tdiff capture --force --out "$out/b" --side planted -- python examples/demo/run.py --planted
+tdiff capture --force --params --out "$out/b" --side planted -- python examples/demo/run.py --planted
 
 step "compare (exit 1: a divergence is expected)"
 status=0

@@ -276,9 +276,15 @@ class OpDivergence:
         return cls(**_fields_from_json(cls, data))
 
 
-def inputs_verdict(not_compared: str | None) -> str:
+def inputs_verdict(not_compared: str | None, differing_state: str | None = None) -> str:
     """What bisect says of a culprit whose output differs: "its inputs match" only when every
-    input was compared and equal."""
+    input was compared and equal; parameters or buffers both runs stored (--params) that differ
+    are said first."""
+    if differing_state is not None:
+        said = f"its parameters differ between the runs: {differing_state} (their fingerprints, stored by --params)"
+        if not_compared is None:
+            return f"{said}; its other inputs match; its output differs"
+        return f"{said}; not compared: {not_compared}; its output differs"
     if not_compared is None:
         return "its inputs match, its output differs"
     return f"its compared inputs match; not compared: {not_compared}; its output differs"

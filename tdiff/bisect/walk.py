@@ -33,6 +33,7 @@ from tdiff.compare.pairing import NamePairing, Pair, Pairing
 from tdiff.compare.parallel import map_in_order
 from tdiff.errors import TdiffError
 from tdiff.store import Dump, open_dump
+from tdiff.store.modules import read_module_descriptions
 from tdiff.vocab.kinds import between_kind, explicit_kind, module_kind, record_kind
 from tdiff.vocab.paths import ROOT_LABEL
 
@@ -172,10 +173,10 @@ def _at_output(stream: Stream, index: int, comparison: Comparison, not_compared:
     module, module_b = event.module, pair.b.record.module if pair.b is not None else None
     child = last_child_event(stream, index)
     if child is None:
-        unchecked = not_compared.of_module(stream, index)
+        unchecked, differing = not_compared.of_module(stream, index)
         divergence = Divergence.found(name=pair.name, module=module, module_b=module_b, kind=_pair_kind(pair),
                                       event="output", introduced=True, comparison=comparison,
-                                      description=f"`{_path(module)}`: {inputs_verdict(unchecked)}",
+                                      description=f"`{_path(module)}`: {inputs_verdict(unchecked, differing)}",
                                       module_call=event.call)
         divergence.not_compared = unchecked
         return divergence
@@ -196,12 +197,15 @@ class _NotCompared:
 
     def __init__(self, a: Dump, b: Dump, pairing: Pairing | None):
         self.dumps = (a, b)
+        self._descriptions: tuple[dict, dict] | None = None   # each side's modules/ (read when first needed)
         alignment = getattr(pairing, "alignment", None)
         self.not_aligned = dict(getattr(alignment, "not_aligned", None) or [])
         self.one_sided = dict(getattr(alignment, "one_sided_inputs", None) or [])
 
-    def of_module(self, stream: Stream, index: int) -> str | None:
-        """"<names> (<why>); ..." for the call whose output is ``stream.pairs[index]``, or None."""
+    def of_module(self, stream: Stream, index: int) -> tuple[str | None, str | None]:
+        """For the call whose output is ``stream.pairs[index]``: what was not compared, "<names>
+        (<why>); ...", and the parameters and buffers both sides stored (--params) that differ,
+        "<names>"; each None when there is none."""
         pair = stream.pairs[index]
         event = pair.record
         groups: dict[str, list[str]] = {}
@@ -210,9 +214,12 @@ class _NotCompared:
             if name not in groups.setdefault(why, []):
                 groups[why].append(name)
 
+        stored = self._stored_state(pair)
         for side in (pair.a, pair.b):
             for name in (side.record.attrs.get("state") or []) if side is not None else []:
-                add(STATE_NOT_RECORDED, name)
+                if name not in stored:
+                    add(STATE_NOT_RECORDED, name)
+        differing = [name for name, equal in stored.items() if not equal]
         for earlier in stream.pairs[:index]:
             record = earlier.record
             if record.role == "input" and record.module == event.module and record.call == event.call \
@@ -228,7 +235,24 @@ class _NotCompared:
                         add(f"passed by side {self.one_sided[record.name]} only", record.sub)
                     elif record.name in self.not_aligned and record.step == event.step:
                         add("no row per token to align", record.sub)
-        return "; ".join(f"{', '.join(names)} ({why})" for why, names in groups.items()) or None
+        return ("; ".join(f"{', '.join(names)} ({why})" for why, names in groups.items()) or None,
+                ", ".join(differing) or None)
+
+    def _stored_state(self, pair: Pair) -> dict[str, bool]:
+        """The parameters and buffers of the pair's module that both sides stored (capture
+        --params), each with whether their fingerprints are equal."""
+        if pair.a is None or pair.b is None:
+            return {}
+        if self._descriptions is None:
+            self._descriptions = (read_module_descriptions(self.dumps[0].path),
+                                  read_module_descriptions(self.dumps[1].path))
+        described = [found.get((side.record.rank, side.record.module))
+                     for found, side in zip(self._descriptions, (pair.a, pair.b))]
+        if any(d is None or d.params is None for d in described):
+            return {}
+        params_a, params_b = (d.params for d in described)   # type: ignore[union-attr]
+        return {name: params_a[name].fingerprint == params_b[name].fingerprint
+                for name in params_a if name in params_b}
 
 
 def _between_events(stream: Stream, index: int, comparison: Comparison,

@@ -13,19 +13,38 @@ from tests.helpers import tiny_qwen2, token_ids
 NOT_RECORDED = "weight (parameters and buffers are not recorded)"
 
 
-def capture(path, forward, ops=(), model=None):
-    with torch.no_grad(), tdiff.capture(path, ops=list(ops), model=model):
+def capture(path, forward, ops=(), model=None, params=False):
+    with torch.no_grad(), tdiff.capture(path, ops=list(ops), model=model, params=params):
         forward()
     return path
 
 
-def stale_weight_pair(tmp_path, ops=()):
+def stale_weight_pair(tmp_path, ops=(), params=False):
     """A tiny Qwen2; side B's layer-0 down projection holds a stale weight (one element off)."""
     model = tiny_qwen2()
-    a = capture(tmp_path / "a", lambda: model(token_ids()), ops)
+    a = capture(tmp_path / "a", lambda: model(token_ids()), ops, params=params)
     with torch.no_grad():
         model.model.layers[0].mlp.down_proj.weight[0, 0] += 1e-3
-    return bisect_dumps(a, capture(tmp_path / "b", lambda: model(token_ids()), ops))
+    return bisect_dumps(a, capture(tmp_path / "b", lambda: model(token_ids()), ops, params=params))
+
+
+def test_a_stale_weight_both_runs_stored_is_named_as_differing(tmp_path):
+    divergence = stale_weight_pair(tmp_path, params=True).first_divergence
+    assert divergence.module == "model.layers.0.mlp.down_proj"
+    assert divergence.description == ("`model.layers.0.mlp.down_proj`: its parameters differ between the runs: "
+                                      "weight (their fingerprints, stored by --params); its other inputs match; "
+                                      "its output differs")
+
+
+def test_parameters_both_runs_stored_and_equal_count_as_compared(tmp_path):
+    model = tiny_qwen2()
+    a = capture(tmp_path / "a", lambda: model(token_ids()), params=True)
+    norm = model.model.layers[0].post_attention_layernorm
+    norm.register_forward_hook(lambda module, args, output: output + 1e-2)   # the op, not its weight
+    divergence = bisect_dumps(a, capture(tmp_path / "b", lambda: model(token_ids()), params=True)).first_divergence
+    assert divergence.module == "model.layers.0.post_attention_layernorm"
+    assert divergence.not_compared is None
+    assert divergence.description.endswith(": its inputs match, its output differs")
 
 
 def test_a_stale_weight_is_not_blamed_on_a_module_whose_inputs_match(tmp_path):

@@ -30,7 +30,8 @@ from tdiff.bisect.verdict import EventComparator
 from tdiff.compare.engine import Comparison, unaligned_notes
 from tdiff.compare.metrics import EXACT, Tolerance
 from tdiff.compare.pairing import NamePairing, Pair, Pairing
-from tdiff.compare.parallel import map_in_order
+from tdiff.compare.distributed import map_over_processes, torchrun_world
+from tdiff.compare.parallel import map_in_order, map_until_error
 from tdiff.errors import TdiffError
 from tdiff.store import Dump, open_dump
 from tdiff.store.modules import read_module_descriptions
@@ -62,7 +63,7 @@ def bisect_dumps(dump_a: Dump | str | Path, dump_b: Dump | str | Path, *,
     comparator = EventComparator(a, b, tolerance)
     found = []
     streams = split_streams(pairs)
-    for stream, first in zip(streams, map_in_order(lambda s: _first_divergent(s, comparator), streams, jobs=jobs)):
+    for stream, first in zip(streams, _walk_streams(streams, comparator, jobs)):
         if first is not None:
             found.append((first[1].record.step, stream.key[0], stream, *first))
     result = BisectResult(status="diverged" if found or missing else "match", first_divergence=None,
@@ -133,6 +134,24 @@ def _not_aligned_notes(pairing: Pairing | None) -> list[str]:
     name, reason = not_aligned[0]
     return [(f"aligned by token: {len(not_aligned):,} tensor(s) without a row per token were not compared, "
             f"first {name} ({reason})")]
+
+
+def _walk_streams(streams: list[Stream], comparator: EventComparator,
+                  jobs: int) -> list[tuple[int, Comparison] | None]:
+    """Each stream's first divergent event, ``jobs`` streams at a time; under torchrun the streams
+    are dealt over its processes by rank (tdiff.compare.distributed) and every process gets them all."""
+    def walk(stream: Stream) -> tuple[int, Comparison] | None:
+        return _first_divergent(stream, comparator)
+
+    world = torchrun_world()
+    if world is None:
+        return map_in_order(walk, streams, jobs=jobs)
+    firsts = map_over_processes(lambda share: map_until_error(walk, [streams[i] for i in share], jobs=jobs),
+                                streams, owner_key=lambda stream: stream.key[0], world=world)
+    # each process counted only its own share: the events every stream compared, as one process counts
+    comparator.compared = sum(len(stream.pairs) if first is None else first[0] + 1
+                              for stream, first in zip(streams, firsts))
+    return firsts
 
 
 def _first_divergent(stream: Stream, comparator: EventComparator) -> tuple[int, Comparison] | None:

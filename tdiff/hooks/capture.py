@@ -141,7 +141,7 @@ class Capture:
         self._rank_known = False   # torch.distributed gave it: it cannot change any more
         self._summaries = Summarizer()
         self._forward_restore: Callable[[], None] | None = None
-        self._graphs = GraphRecorder(self, graph_budget_bytes)   # CUDA graph capture and replays
+        self.graphs = GraphRecorder(self, graph_budget_bytes)   # CUDA graph capture and replays (its hooks')
         self._stack_room = StackRoom()   # capture's frames do not count against the program's recursion limit
         self.notes: list[str] = []   # what the dump must say about how it was recorded
         self._ops = OpRecorder([ops] if isinstance(ops, str) else ops) if ops else None
@@ -229,6 +229,10 @@ class Capture:
         except OSError as exc:
             raise TdiffError(f"cannot write into dump directory {self.root}: {exc.strerror}") from None
 
+    def flush_summaries(self) -> None:
+        """Send the statistics launched on a device so far to the host (before a CUDA graph's capture)."""
+        self._summaries.flush()
+
     def note(self, message: str) -> None:
         """Say once, on stderr and in the dump's manifest, something a reader of the dump must know."""
         if message not in self.notes:
@@ -296,8 +300,8 @@ class Capture:
             self.note("torch.compile: compiled code ran; the modules it runs are not recorded "
                       "(capture without torch.compile to record them)")
             return invoke(*args, **kwargs)
-        graph = self._graphs.capturing()  # a CUDA graph's capture: its replays are the steps
-        if graph is None and self._graphs.unrecorded():
+        graph = self.graphs.capturing()  # a CUDA graph's capture: its replays are the steps
+        if graph is None and self.graphs.unrecorded():
             return invoke(*args, **kwargs)
         if parent is None:
             if graph is None and not thread.manual_steps and id(module) in thread.top_level_done:
@@ -438,8 +442,8 @@ class Capture:
         thread = self.running.thread()
         stack = thread.stack
         parent = stack[-1] if stack else None
-        graph = self._graphs.capturing()
-        if graph is None and self._graphs.unrecorded():
+        graph = self.graphs.capturing()
+        if graph is None and self.graphs.unrecorded():
             return
         call = count_call(graph.calls if graph is not None else thread.calls, name)
         if not ((graph is not None or self.selection.wants_step(thread.step))
@@ -485,7 +489,7 @@ class Capture:
         self._recorded["explicit" if role == "explicit" else "module"] += 1
         device = tensor.device
         module_path, module, parent, depth, annotator, counter, layer = where
-        graph = self._graphs.capturing()
+        graph = self.graphs.capturing()
         thread = self.running.thread()
         seq = self.running.next_seq()
         original = tensor

@@ -20,8 +20,11 @@ names of their own).
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from typing import TYPE_CHECKING
+
+import torch
 
 if TYPE_CHECKING:
     from tdiff.hooks.ops import OpTracer
@@ -80,6 +83,8 @@ class RunningState:
         self._named: dict[str, int] = {}   # thread name -> threads of that name seen
         self._threads: list[ThreadState] = []
         self._seq = itertools.count()
+        self._rank: int | None = None
+        self._rank_known = False   # torch.distributed gave it: it cannot change any more
 
     def thread(self) -> ThreadState:
         """The calling thread's state (made on its first use)."""
@@ -99,6 +104,23 @@ class RunningState:
     def next_seq(self) -> int:
         """The next record's place in the process's execution order (itertools.count is atomic)."""
         return next(self._seq)
+
+    def rank(self) -> int:
+        """torch.distributed's rank once it is initialised (then fixed), before that $RANK.
+
+        Looked up once per outermost call, not per tensor."""
+        if self._rank is None:
+            dist = torch.distributed
+            if dist.is_available() and dist.is_initialized():
+                self._rank, self._rank_known = dist.get_rank(), True
+            else:
+                self._rank = int(os.environ.get("RANK", "0"))
+        return self._rank
+
+    def outermost_call(self) -> None:
+        """An outermost module call starts: torch.distributed may have started since the last."""
+        if not self._rank_known:
+            self._rank = None
 
     def after_fork_in_child(self) -> None:
         """A forked child has one thread, the one that forked: it counts on from where that

@@ -10,14 +10,18 @@ carries no token ids. Those of Hugging Face, SGLang and megatron-core are built 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from tdiff.errors import TdiffError
 from tdiff.hooks.frameworks import TOKEN_SOURCES
 from tdiff.store.tokens import PADDING, RowTokens, TokenBatch
+
+if TYPE_CHECKING:
+    from tdiff.hooks.capture import Capture
 
 TokenSource = Callable[[Any, tuple, dict], "dict | None"]
 _SOURCES: dict[str, TokenSource] = dict(TOKEN_SOURCES)
@@ -29,6 +33,59 @@ def register_token_source(framework: str, source: TokenSource) -> None:
 
 def token_source(framework: str | None) -> TokenSource | None:
     return _SOURCES.get(framework) if framework else None
+
+
+class TokenRecorder:
+    """The token metadata of one capture in this process: what ``tdiff.tokens`` was given (held
+    until the forward it describes runs) and what each outermost model call says by itself."""
+
+    def __init__(self, capture: Capture):
+        self._capture = capture
+        self.pending: TokenBatch | None = None   # tdiff.tokens() given before its forward ran
+        self._step: int | None = None            # the last step whose tokens were recorded
+
+    def given(self, given: dict) -> None:
+        """``tdiff.tokens``: inside a model call they describe the forward running; else the next
+        outermost call's, or the current step's when an explicit dump or the capture's end comes
+        first in a step no model ran in (values computed without a model). Checked at once."""
+        thread = self._capture.running.thread()
+        batch = describe_tokens(step=thread.step, rank=0, **given)
+        if thread.stack:
+            self.write(batch)
+        else:
+            self.pending = batch
+
+    def write_pending(self) -> None:
+        """The tokens given describe the current step (no model call read them: a CUDA graph's
+        replay, an explicit dump in a step no model ran in, the capture's end)."""
+        if self.pending is not None:
+            self.write(self.pending)
+
+    def of_forward(self, module, args: tuple, kwargs: dict) -> None:
+        """At an outermost call: the tokens given for it, else what its framework's source reads
+        from the call (once per step)."""
+        batch, self.pending = self.pending, None
+        step = self._capture.running.thread().step
+        if batch is None and self._step != step:
+            framework = type(getattr(module, "_orig_mod", module)).__module__.partition(".")[0]
+            source = token_source(framework)
+            given = source(module, args, kwargs) if source is not None else None
+            if given is not None:
+                batch = describe_tokens(step=step, rank=0, source=framework, **given)
+        if batch is not None:
+            self.write(batch)
+
+    def write(self, batch: TokenBatch) -> None:
+        self.pending = None
+        capture = self._capture
+        if capture.batch_row is not None:
+            capture.note("--batch-row: token metadata is not recorded (rows are cut from the batch)")
+            return
+        step = capture.running.thread().step
+        if not capture.selection.wants_step(step) or capture.part.failed:
+            return
+        self._step = step
+        capture.writer.submit_tokens(dataclasses.replace(batch, step=step, rank=capture.running.rank()))
 
 
 def describe_tokens(*, step: int, rank: int, input_ids, positions=None, seq_lens=None, seq_ids=None,

@@ -204,11 +204,7 @@ def _replay_step(capture, recording: GraphRecording) -> tuple[ThreadState, dict[
     thread = capture.running.thread()
     if not thread.manual_steps and recording.top_level & thread.top_level_done:
         capture.advance_step(manual=False)
-    bases = {counter: thread.calls.get(counter, 0) for counter in recording.calls}
-    for counter, count in recording.calls.items():
-        thread.calls[counter] = bases[counter] + count
-    thread.top_level_done |= recording.top_level
-    return thread, bases
+    return thread, thread.count_replay(recording.calls, recording.top_level)
 
 
 def _emit(capture, recording: GraphRecording, thread: ThreadState, bases: dict, rows: int | None) -> None:

@@ -64,6 +64,15 @@ class ThreadState:
         self.top_level_done.clear()
         self.calls.clear()
 
+    def count_replay(self, calls: dict[str, int], top_level: set[int]) -> dict[str, int]:
+        """A CUDA graph's replay made the ``calls`` its capture counted and ran the ``top_level``
+        modules: they count on from the calls already made in the step. Returns each counter's
+        count before the replay."""
+        bases = {counter: self.calls.get(counter, 0) for counter in calls}
+        for counter, count in calls.items():
+            self.calls[counter] = bases[counter] + count
+        self.top_level_done |= top_level
+        return bases
 
 
 def count_call(calls: dict[str, int], counter: str) -> int:

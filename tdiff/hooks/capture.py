@@ -36,7 +36,7 @@ from tdiff.hooks.module_call import install_call_hook, recorded_call
 from tdiff.hooks.modules import ModuleDescriber
 from tdiff.hooks.naming import flatten_tensors, tensor_name
 from tdiff.hooks.ops import OpRecorder
-from tdiff.hooks.part import ProcessPart
+from tdiff.hooks.part import ProcessPart, Sink
 from tdiff.hooks.plan import CallPlans, Where
 from tdiff.hooks.recorders import Recorder
 from tdiff.hooks.running import RunningState, count_call
@@ -163,7 +163,8 @@ class Capture:
         return self.start()
 
     @property
-    def writer(self) -> DumpWriter:
+    def writer(self) -> Sink:
+        """The sink of this process's part (its DumpWriter), opened at its first use."""
         return self.part.writer
 
     def __exit__(self, exc_type, exc, traceback) -> None:

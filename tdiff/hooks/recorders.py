@@ -113,25 +113,37 @@ class Recorder:
         if graph is not None:
             graph.record(record, counter, tensor)  # into the graph's static buffers, harvested on replay
         elif seen is not None:
-            capture.writer.submit(Pending(record=record, original=seen.pending))
+            capture.writer.submit(Pending(record=record, original=seen.pending))   # an alias
         elif capture.mode == "full" and device.type == "cpu":
-            # written to its shard now, summarised as it passes: no copy, and the writer's torch ops
-            # would compete with the model's threads for the cores
-            pending = capture.writer.stream(record, tensor)
-            if pending is not None:
-                self._remember(original, pending, record.fingerprint)
+            self._stream_to_shard(record, tensor, original)
         elif capture.mode == "full":
-            summary = self.summaries.snapshot_summary(tensor)  # statistics from the GPU, if it holds it
-            host, ready = host_copy(tensor)
-            data = host.view(tensor.dtype).reshape(tensor.shape)
-            capture.writer.submit(Pending(record=record, data=data, ready=ready, nbytes=host.numel(), summary=summary))
+            self._host_copy(record, tensor)
         else:
-            summary = self.summaries.summarize(tensor)
-            pending = Pending(record=record, summary=summary)
-            capture.writer.submit(pending)
-            if device.type == "cpu":  # a host summary is complete at once: no wait
-                self._remember(original, pending, summary.resolve(record)[1])
+            self._summary(record, tensor, original)
         return seq
+
+    def _stream_to_shard(self, record: Record, tensor: torch.Tensor, original: torch.Tensor) -> None:
+        """Written to its shard now, summarised as it passes: no copy, and the writer's torch ops
+        would compete with the model's threads for the cores."""
+        pending = self._capture.writer.stream(record, tensor)
+        if pending is not None:
+            self._remember(original, pending, record.fingerprint)
+
+    def _host_copy(self, record: Record, tensor: torch.Tensor) -> None:
+        """A device tensor: copied to pinned host memory, written once the copy lands."""
+        summary = self.summaries.snapshot_summary(tensor)  # statistics from the GPU, if it holds it
+        host, ready = host_copy(tensor)
+        data = host.view(tensor.dtype).reshape(tensor.shape)
+        self._capture.writer.submit(Pending(record=record, data=data, ready=ready, nbytes=host.numel(),
+                                            summary=summary))
+
+    def _summary(self, record: Record, tensor: torch.Tensor, original: torch.Tensor) -> None:
+        """Stats mode: statistics and a fingerprint, computed on the tensor's device."""
+        summary = self.summaries.summarize(tensor)
+        pending = Pending(record=record, summary=summary)
+        self._capture.writer.submit(pending)
+        if tensor.device.type == "cpu":  # a host summary is complete at once: no wait
+            self._remember(original, pending, summary.resolve(record)[1])
 
     def _alias_of(self, original: torch.Tensor, tensor: torch.Tensor) -> _Seen | None:
         """An earlier record of this very tensor object whose stored bytes are still its bytes

@@ -1,5 +1,5 @@
 """Hugging Face transformers' capture knowledge: the tokens of an outermost model call (the token
-source). Its records need no annotator: a transformers model runs unsharded."""
+source). It has no annotator: its records carry no parallel coordinates."""
 
 from __future__ import annotations
 

@@ -119,7 +119,7 @@ class Recorder:
         elif capture.mode == "full":
             self._host_copy(record, tensor)
         else:
-            self._summary(record, tensor, original)
+            self._summary(record, tensor, original, device.type == "cpu")
         return seq
 
     def _stream_to_shard(self, record: Record, tensor: torch.Tensor, original: torch.Tensor) -> None:
@@ -137,12 +137,12 @@ class Recorder:
         self._capture.writer.submit(Pending(record=record, data=data, ready=ready, nbytes=host.numel(),
                                             summary=summary))
 
-    def _summary(self, record: Record, tensor: torch.Tensor, original: torch.Tensor) -> None:
+    def _summary(self, record: Record, tensor: torch.Tensor, original: torch.Tensor, on_host: bool) -> None:
         """Stats mode: statistics and a fingerprint, computed on the tensor's device."""
         summary = self.summaries.summarize(tensor)
         pending = Pending(record=record, summary=summary)
         self._capture.writer.submit(pending)
-        if tensor.device.type == "cpu":  # a host summary is complete at once: no wait
+        if on_host:  # a host summary is complete at once: no wait
             self._remember(original, pending, summary.resolve(record)[1])
 
     def _alias_of(self, original: torch.Tensor, tensor: torch.Tensor) -> _Seen | None:

@@ -7,9 +7,9 @@ from the model's classes (HF and SGLang share class names such as ``Qwen2Decoder
 An annotator adds what only the running process knows, such as tensor-parallel ranks and how a
 tensor is sharded. Annotators are registered per framework, as a callable or as a lazily
 imported ``"module:function"`` so that capture never imports a framework the program does not
-use::
+use (those of megatron-core and SGLang are built in: tdiff/hooks/frameworks/)::
 
-    register("megatron", "tdiff.align.adapters.megatron:annotate")
+    register("myframework", "myframework.tdiff_support:annotate")
 
     def annotate(module, path, role, sub, tensor) -> dict | None: ...
 
@@ -25,12 +25,11 @@ import sys
 import weakref
 from collections.abc import Callable
 
+from tdiff.hooks.frameworks import ANNOTATORS
+
 Annotator = Callable[..., "dict | None"]
 
-_registered: dict[str, Annotator | str] = {
-    "megatron": "tdiff.align.adapters.megatron:annotate",
-    "sglang": "tdiff.align.adapters.sglang:annotate",
-}
+_registered: dict[str, Annotator | str] = dict(ANNOTATORS)
 _resolved: dict[str, Annotator | None] = {}
 _frameworks: dict[type, str] = {}
 _registrations = 0

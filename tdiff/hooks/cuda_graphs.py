@@ -36,7 +36,7 @@ from tdiff.bootstrap.imports import when_imported
 from tdiff.errors import TdiffError
 from tdiff.hooks.active import active_capture
 from tdiff.hooks.running import ThreadState
-from tdiff.hooks.token_sources import forward_batch_tokens
+from tdiff.hooks.frameworks import GRAPH_RUNNERS
 from tdiff.hooks.device import _Batch, _DeviceSummary, _packed_summary
 from tdiff.store.dtypes import from_bytes_view, to_bytes_view
 from tdiff.store.record import Record
@@ -152,7 +152,7 @@ class GraphRecorder:
         """Before a graph capture starts: send the pending summaries to the host and let the
         writer finish what it holds, so that no tdiff thread makes a CUDA call during the capture
         (in the default global capture mode, an event wait in any thread invalidates it)."""
-        self.capture._summaries.flush()
+        self.capture.flush_summaries()
         writer = self.capture.part.opened
         if writer is not None:
             writer.drain()
@@ -204,11 +204,7 @@ def _replay_step(capture, recording: GraphRecording) -> tuple[ThreadState, dict[
     thread = capture.running.thread()
     if not thread.manual_steps and recording.top_level & thread.top_level_done:
         capture.advance_step(manual=False)
-    bases = {counter: thread.calls.get(counter, 0) for counter in recording.calls}
-    for counter, count in recording.calls.items():
-        thread.calls[counter] = bases[counter] + count
-    thread.top_level_done |= recording.top_level
-    return thread, bases
+    return thread, thread.count_replay(recording.calls, recording.top_level)
 
 
 def _emit(capture, recording: GraphRecording, thread: ThreadState, bases: dict, rows: int | None) -> None:
@@ -283,7 +279,7 @@ def graph_rows(rows: int) -> None:
         raise TdiffError(f"tdiff.graph_rows() takes a positive number of rows, not {rows!r}")
     capture = active_capture()
     if capture is not None:
-        capture._graphs.next_rows = rows
+        capture.graphs.next_rows = rows
 
 
 def graph_replayed(graph, rows: int | None = None) -> None:
@@ -292,7 +288,7 @@ def graph_replayed(graph, rows: int | None = None) -> None:
     hooks). ``rows``: as :func:`graph_rows`. A no-op when no capture is active."""
     capture = active_capture()
     if capture is not None:
-        capture._graphs.replayed(graph, rows)
+        capture.graphs.replayed(graph, rows)
 
 
 # ---- the process-wide hooks on torch.cuda.CUDAGraph ----
@@ -308,10 +304,10 @@ def install_graph_hooks() -> None:
     def capture_begin(self, *args, **kwargs):
         capture = active_capture()
         if capture is not None:
-            capture._graphs.prepare()
+            capture.graphs.prepare()
         _originals["capture_begin"](self, *args, **kwargs)
         if capture is not None:
-            capture._graphs.begin()
+            capture.graphs.begin()
 
     def capture_end(self, *args, **kwargs):
         try:
@@ -319,7 +315,7 @@ def install_graph_hooks() -> None:
         finally:
             capture = active_capture()
             if capture is not None:
-                capture._graphs.end(self)
+                capture.graphs.end(self)
             else:
                 _thread.__dict__.pop("recording", None)
 
@@ -327,27 +323,8 @@ def install_graph_hooks() -> None:
         _originals["replay"](self, *args, **kwargs)
         capture = active_capture()
         if capture is not None:
-            capture._graphs.replayed(self)
+            capture.graphs.replayed(self)
 
     cls.capture_begin, cls.capture_end, cls.replay = capture_begin, capture_end, replay  # type: ignore[method-assign]
-    when_imported("sglang.srt.model_executor.runner.decode_cuda_graph_runner", _describe_sglang_replays)
-
-
-def _describe_sglang_replays(module) -> None:
-    """SGLang's decode graph runner replays a graph per decode step (``execute(forward_batch)``):
-    before the replay, tell capture that step's tokens and real rows, from the ForwardBatch (the
-    graph runs a batch padded up to the size it was captured for)."""
-    runner = module.DecodeCudaGraphRunner
-    execute = runner.execute
-
-    def described_execute(self, forward_batch, *args, **kwargs):
-        capture = active_capture()
-        if capture is not None:
-            given = forward_batch_tokens(forward_batch)
-            if given is not None:
-                capture.tokens(**given)
-            if forward_batch.forward_mode.is_decode():
-                capture._graphs.next_rows = forward_batch.batch_size
-        return execute(self, forward_batch, *args, **kwargs)
-
-    runner.execute = described_execute
+    for module, hook in GRAPH_RUNNERS:   # engines that replay graphs another way
+        when_imported(module, hook)

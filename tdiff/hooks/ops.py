@@ -27,12 +27,16 @@ import sys
 import weakref
 from itertools import chain
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tdiff.hooks.naming import flatten_tensors, tensor_name
 from tdiff.vocab.parse import compile_patterns
+
+if TYPE_CHECKING:
+    from tdiff.hooks.plan import Where
 
 # frames of these packages are not "the model's code": torch's Python layers (functional,
 # Tensor methods, dispatch) and tdiff's own
@@ -89,12 +93,12 @@ def _version(tensor: torch.Tensor) -> int | None:
 class OpTracer(TorchDispatchMode):
     """Records the ops of one call of a traced module; ``paused`` while a child module runs."""
 
-    def __init__(self, capture, recorder: OpRecorder, call: int, where: tuple):
+    def __init__(self, capture, recorder: OpRecorder, call: int, where: Where):
         super().__init__()
         self.capture, self.recorder, self.call = capture, recorder, call
-        path, module, _, depth, annotator, _, layer = where
+        path, module = where.path, where.module
         # an op runs inside the module: the module is its parent, one level deeper
-        self.where = (path, module, _Enclosing(path), depth + 1, annotator, None, layer)
+        self.where = where._replace(parent=_Enclosing(path), depth=where.depth + 1, counter=None)
         self.base = tensor_name(path, "")
         # the module's own forward is where its ops are, also for a torch module (nn.Linear)
         forward = getattr(module, "forward", None)

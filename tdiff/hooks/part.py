@@ -1,5 +1,5 @@
 """This process's part of a dump: its manifest and shards, written by one
-:class:`~tdiff.store.writer.DumpWriter`, and what a fork does to it.
+:class:`~tdiff.store.writer.DumpWriter` (its :class:`Sink`), and what a fork does to it.
 
 A part is opened at the process's first record, so a process that records nothing leaves none
 (a data loader's worker, a forkserver), unless its capture ends in failure: a part then says so.
@@ -19,22 +19,70 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from tdiff.hooks.active import active_capture
-from tdiff.store.writer import DumpWriter
+
+if TYPE_CHECKING:
+    import torch
+
+    from tdiff.store.record import Record
+    from tdiff.store.tokens import TokenBatch
+    from tdiff.store.writer import Pending
+
+
+class Sink(Protocol):
+    """What the recorders hand their typed messages to, and the part's lifecycle: a
+    :class:`~tdiff.store.writer.DumpWriter` (tests give a fake one).
+
+    The messages: a record with how its contents come (a :class:`~tdiff.store.writer.Pending`
+    item: a host copy, a summary, an alias of an earlier item, a graph replay's buffers), a CPU
+    tensor streamed to a shard with its record, a forward's :class:`~tdiff.store.tokens.TokenBatch`.
+    Once ``failed``, what a sink is handed is dropped and nothing more is recorded."""
+
+    part: str   # the part's id
+
+    @property
+    def failed(self) -> bool: ...
+
+    def submit(self, item: Pending) -> None: ...
+
+    def stream(self, record: Record, tensor: torch.Tensor) -> Pending | None:
+        """Write the tensor now and submit its record, complete; its item, or None: not written."""
+        ...
+
+    def submit_tokens(self, batch: TokenBatch) -> None: ...
+
+    def flush(self) -> None:
+        """Write out what is held (a step ended)."""
+        ...
+
+    def drain(self) -> None:
+        """Return once everything submitted is handled (a CUDA graph's capture begins)."""
+        ...
+
+    def settle(self, notes: Sequence[str] = ()) -> None:
+        """Everything submitted is on disk, and the part says so (a forked child)."""
+        ...
+
+    def resume(self) -> None:
+        """The part records again after it settled."""
+        ...
+
+    def close(self, error: str | None = None, notes: Sequence[str] = ()) -> None: ...
 
 
 class ProcessPart:
-    def __init__(self, open_writer: Callable[[], DumpWriter]):
+    def __init__(self, open_writer: Callable[[], Sink]):
         self._open_writer = open_writer
-        self._writer: DumpWriter | None = None
+        self._writer: Sink | None = None
         self._lock = threading.Lock()   # threads of a forked child may record first together
         self.forked = False             # this process is a forked child of the capture's
         self._closed = False
         self._settled = False           # a forked child's part says all its records are on disk
 
     @property
-    def writer(self) -> DumpWriter:
+    def writer(self) -> Sink:
         """The part's writer, opened on first use."""
         writer = self._writer
         if writer is None:
@@ -50,7 +98,7 @@ class ProcessPart:
         return writer
 
     @property
-    def opened(self) -> DumpWriter | None:
+    def opened(self) -> Sink | None:
         return self._writer
 
     @property

@@ -20,8 +20,11 @@ names of their own).
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from typing import TYPE_CHECKING
+
+import torch
 
 if TYPE_CHECKING:
     from tdiff.hooks.ops import OpTracer
@@ -61,6 +64,15 @@ class ThreadState:
         self.top_level_done.clear()
         self.calls.clear()
 
+    def count_replay(self, calls: dict[str, int], top_level: set[int]) -> dict[str, int]:
+        """A CUDA graph's replay made the ``calls`` its capture counted and ran the ``top_level``
+        modules: they count on from the calls already made in the step. Returns each counter's
+        count before the replay."""
+        bases = {counter: self.calls.get(counter, 0) for counter in calls}
+        for counter, count in calls.items():
+            self.calls[counter] = bases[counter] + count
+        self.top_level_done |= top_level
+        return bases
 
 
 def count_call(calls: dict[str, int], counter: str) -> int:
@@ -80,6 +92,8 @@ class RunningState:
         self._named: dict[str, int] = {}   # thread name -> threads of that name seen
         self._threads: list[ThreadState] = []
         self._seq = itertools.count()
+        self._rank: int | None = None
+        self._rank_known = False   # torch.distributed gave it: it cannot change any more
 
     def thread(self) -> ThreadState:
         """The calling thread's state (made on its first use)."""
@@ -99,6 +113,23 @@ class RunningState:
     def next_seq(self) -> int:
         """The next record's place in the process's execution order (itertools.count is atomic)."""
         return next(self._seq)
+
+    def rank(self) -> int:
+        """torch.distributed's rank once it is initialised (then fixed), before that $RANK.
+
+        Looked up once per outermost call, not per tensor."""
+        if self._rank is None:
+            dist = torch.distributed
+            if dist.is_available() and dist.is_initialized():
+                self._rank, self._rank_known = dist.get_rank(), True
+            else:
+                self._rank = int(os.environ.get("RANK", "0"))
+        return self._rank
+
+    def outermost_call(self) -> None:
+        """An outermost module call starts: torch.distributed may have started since the last."""
+        if not self._rank_known:
+            self._rank = None
 
     def after_fork_in_child(self) -> None:
         """A forked child has one thread, the one that forked: it counts on from where that

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 
 # the frames the hook puts between a module's caller and torch's own Module.__call__:
-# _tdiff_module_call, Capture.module_call, Capture._outside_ops, Capture._module_call
+# _tdiff_module_call, Capture.module_call, Capture._outside_ops, recorded_call (tdiff.hooks.module_call)
 HOOK_FRAMES = 4
 # recording a call's tensors, once, at the deepest call (the walk of nested values, annotators,
 # the writer): a constant, whatever the depth

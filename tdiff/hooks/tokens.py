@@ -4,22 +4,27 @@ model call says by itself (its token source).
 A token source is registered per framework (the top-level package of the outermost module's
 class): ``register_token_source("transformers", source)``; ``source(module, args, kwargs)``
 returns the keyword arguments of :func:`describe_tokens` for that call, or None when the call
-carries no token ids. The Hugging Face source is built in; other frameworks register theirs.
+carries no token ids. Those of Hugging Face, SGLang and megatron-core are built in
+(tdiff/hooks/frameworks/); other frameworks register theirs.
 """
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from tdiff.errors import TdiffError
+from tdiff.hooks.frameworks import TOKEN_SOURCES
 from tdiff.store.tokens import PADDING, RowTokens, TokenBatch
 
+if TYPE_CHECKING:
+    from tdiff.hooks.capture import Capture
+
 TokenSource = Callable[[Any, tuple, dict], "dict | None"]
-_SOURCES: dict[str, TokenSource] = {}
+_SOURCES: dict[str, TokenSource] = dict(TOKEN_SOURCES)
 
 
 def register_token_source(framework: str, source: TokenSource) -> None:
@@ -28,6 +33,59 @@ def register_token_source(framework: str, source: TokenSource) -> None:
 
 def token_source(framework: str | None) -> TokenSource | None:
     return _SOURCES.get(framework) if framework else None
+
+
+class TokenRecorder:
+    """The token metadata of one capture in this process: what ``tdiff.tokens`` was given (held
+    until the forward it describes runs) and what each outermost model call says by itself."""
+
+    def __init__(self, capture: Capture):
+        self._capture = capture
+        self.pending: TokenBatch | None = None   # tdiff.tokens() given before its forward ran
+        self._step: int | None = None            # the last step whose tokens were recorded
+
+    def given(self, given: dict) -> None:
+        """``tdiff.tokens``: inside a model call they describe the forward running; else the next
+        outermost call's, or the current step's when an explicit dump or the capture's end comes
+        first in a step no model ran in (values computed without a model). Checked at once."""
+        thread = self._capture.running.thread()
+        batch = describe_tokens(step=thread.step, rank=0, **given)
+        if thread.stack:
+            self.write(batch)
+        else:
+            self.pending = batch
+
+    def write_pending(self) -> None:
+        """The tokens given describe the current step (no model call read them: a CUDA graph's
+        replay, an explicit dump in a step no model ran in, the capture's end)."""
+        if self.pending is not None:
+            self.write(self.pending)
+
+    def of_forward(self, module, args: tuple, kwargs: dict) -> None:
+        """At an outermost call: the tokens given for it, else what its framework's source reads
+        from the call (once per step)."""
+        batch, self.pending = self.pending, None
+        step = self._capture.running.thread().step
+        if batch is None and self._step != step:
+            framework = type(getattr(module, "_orig_mod", module)).__module__.partition(".")[0]
+            source = token_source(framework)
+            given = source(module, args, kwargs) if source is not None else None
+            if given is not None:
+                batch = describe_tokens(step=step, rank=0, source=framework, **given)
+        if batch is not None:
+            self.write(batch)
+
+    def write(self, batch: TokenBatch) -> None:
+        self.pending = None
+        capture = self._capture
+        if capture.batch_row is not None:
+            capture.note("--batch-row: token metadata is not recorded (rows are cut from the batch)")
+            return
+        step = capture.running.thread().step
+        if not capture.selection.wants_step(step) or capture.part.failed:
+            return
+        self._step = step
+        capture.writer.submit_tokens(dataclasses.replace(batch, step=step, rank=capture.running.rank()))
 
 
 def describe_tokens(*, step: int, rank: int, input_ids, positions=None, seq_lens=None, seq_ids=None,
@@ -136,49 +194,3 @@ def _count_positions(seqs: torch.Tensor) -> torch.Tensor:
     positions[order] = index - first
     positions[flat == PADDING] = 0
     return positions.reshape(seqs.shape)
-
-
-# ---- Hugging Face: the outermost model call ----
-def hugging_face_tokens(module, args: tuple, kwargs: dict) -> dict | None:
-    """``input_ids`` with ``attention_mask`` (padding dropped; positions counted along the mask,
-    which also covers the cached tokens of a decode step), else ``position_ids``, else
-    ``cache_position``."""
-    kwargs = _by_name(module, args, kwargs)
-    ids = kwargs.get("input_ids")
-    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point():
-        return None
-    width = ids.shape[1]
-    mask = kwargs.get("attention_mask")
-    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[0] == ids.shape[0] \
-            and mask.shape[1] >= width:
-        real = mask.detach().cpu().to(torch.long)
-        positions = (real.cumsum(-1) - 1)[:, -width:]
-        return {"input_ids": ids, "positions": positions, "mask": real[:, -width:].bool()}
-    for key in ("position_ids", "cache_position"):
-        given = kwargs.get(key)
-        if isinstance(given, torch.Tensor):
-            positions = given.detach().cpu().reshape(-1, given.shape[-1]) if given.dim() else given
-            if positions.dim() == 2 and positions.shape[-1] == width:
-                return {"input_ids": ids, "positions": positions}
-    return {"input_ids": ids}
-
-
-def _by_name(module, args: tuple, kwargs: dict) -> dict:
-    """The call's arguments by parameter name (``model(ids, mask)`` passes them by position)."""
-    if not args:
-        return kwargs
-    try:
-        # the class's forward: capture may have wrapped the instance's (model=)
-        return dict(inspect.signature(type(module).forward).bind_partial(module, *args, **kwargs).arguments)
-    except (TypeError, ValueError):
-        return {"input_ids": args[0], **kwargs}
-
-
-register_token_source("transformers", hugging_face_tokens)
-
-
-# ---- SGLang and megatron-core (tdiff/hooks/token_sources.py) ----
-from tdiff.hooks.token_sources import megatron_tokens, sglang_tokens  # noqa: E402 - sources after the registry
-
-register_token_source("sglang", sglang_tokens)
-register_token_source("megatron", megatron_tokens)

@@ -252,7 +252,7 @@ def test_before_a_graph_capture_the_writer_finishes_what_it_holds(tmp_path, monk
     with tdiff.capture(tmp_path / "d") as capture:
         for _ in range(5):
             Doubler()(torch.ones(2))
-        capture._graphs.prepare()  # what CUDAGraph.capture_begin runs first
+        capture.graphs.prepare()  # what CUDAGraph.capture_begin runs first
         assert len(handled) == 10
 
 

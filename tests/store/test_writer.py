@@ -113,11 +113,11 @@ def test_an_alias_another_thread_found_across_a_steps_end_resolves(tmp_path, mon
     # thread B stores x, then (before B notes it for aliases) thread A ends its step, which flushes
     # the writer; B's next record of the unchanged x (in B's own step: threads count steps apart)
     # is an alias of the record written before the flush
-    from tdiff.hooks.capture import Capture
+    from tdiff.hooks.recorders import Recorder
 
     x = torch.randn(16)
     step_now, stepped = threading.Event(), threading.Event()
-    remember = Capture._remember
+    remember = Recorder._remember
 
     def remember_after_a_step(self, *args, **kwargs):
         if threading.current_thread().name == "B" and not step_now.is_set():
@@ -125,7 +125,7 @@ def test_an_alias_another_thread_found_across_a_steps_end_resolves(tmp_path, mon
             stepped.wait(10)
         return remember(self, *args, **kwargs)
 
-    monkeypatch.setattr(Capture, "_remember", remember_after_a_step)
+    monkeypatch.setattr(Recorder, "_remember", remember_after_a_step)
 
     def a():
         step_now.wait(10)

@@ -5,8 +5,8 @@ layers return (output, bias); the fused QKV projection is ordered per query grou
 fuses gate|up in ``linear_fc1``; the router returns (probabilities, routing map) over tokens in
 [seq, batch] order; experts see only their routed tokens.
 
-At capture time :func:`annotate` records each rank's parallel coordinates and how each tensor is
-sharded over them (see tdiff.align.unshard).
+At capture time, tdiff/hooks/frameworks/megatron.py records each rank's parallel coordinates and
+how each tensor is sharded over them (see tdiff.align.unshard).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import re
 from collections.abc import Mapping
 from typing import ClassVar
 
-import torch
 
 from tdiff.align.adapters.base import Adapter, Rule, View, piece
 from tdiff.align.ops import Add, Combine, GroupedQKV, Halve, SeqMajorRows, Take, TokensFirst, TopkFromRoutingMap
@@ -191,90 +190,3 @@ def _gathers_tensor_parallel_copies(dump: Dump) -> bool:
             tp = parallel.get("tp") or [0, 1]
             return tp[1] > 1 and not parallel.get("sp")
     return False
-
-
-# ---- capture-time annotation ----
-_COLUMN = {"ColumnParallelLinear", "TEColumnParallelLinear", "TELayerNormColumnParallelLinear",
-           "TEColumnParallelGroupedLinear"}
-_ROW = {"RowParallelLinear", "TERowParallelLinear", "TERowParallelGroupedLinear"}
-_ATTENTION = {"DotProductAttention", "TEDotProductAttention"}
-_EXPERTS = {"SequentialMLP", "GroupedMLP", "TEGroupedMLP"}
-# modules whose hidden-state inputs and outputs are split over the sequence under sequence parallelism
-_SEQUENCE_SHARDED = {"TransformerLayer", "TransformerBlock", "MoELayer", "TopKRouter", "IdentityOp",
-                     "LanguageModelEmbedding"}
-_HIDDEN_SUBS = {"", "0", "hidden_states"}
-
-_parallel: dict | None = None
-_sequence_parallel = False
-
-
-def annotate(module, path: str, role: str, sub: str, tensor) -> dict | None:
-    """attrs for a Megatron module's record: the rank's parallel coordinates (when the run is
-    distributed) and the tensor's shard spec over them."""
-    global _sequence_parallel
-    config = getattr(module, "config", None)
-    if getattr(config, "sequence_parallel", False):
-        _sequence_parallel = True
-    parallel = _parallel_info()
-    if parallel is None:
-        return None
-    attrs: dict[str, object] = {"parallel": parallel}
-    spec = _shard_spec(module, path, role, sub)
-    if spec:
-        attrs["shard"] = spec
-    return attrs
-
-
-def _parallel_info() -> dict | None:
-    global _parallel
-    if _parallel is not None:
-        return dict(_parallel, sp=_sequence_parallel) if _sequence_parallel else _parallel
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return None
-    if torch.distributed.get_world_size() == 1:
-        return None
-    from megatron.core import parallel_state as ps
-
-    if not ps.model_parallel_is_initialized():
-        return None  # not cached: Megatron initialises its parallel state after torch.distributed
-    _parallel = {
-        "tp": [ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()],
-        "pp": [ps.get_pipeline_model_parallel_rank(), ps.get_pipeline_model_parallel_world_size()],
-        "dp": [ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()],
-        "ep": [ps.get_expert_model_parallel_rank(), ps.get_expert_model_parallel_world_size()],
-        "etp": [ps.get_expert_tensor_parallel_rank(), ps.get_expert_tensor_parallel_world_size()],
-        "edp": [ps.get_expert_data_parallel_rank(), ps.get_expert_data_parallel_world_size()],
-    }
-    return _parallel_info()
-
-
-def _shard_spec(module, path: str, role: str, sub: str) -> list[dict] | None:
-    cls = type(module).__name__
-    expert = bool(getattr(module, "is_expert", False))
-    tp = "etp" if expert else "tp"
-    sequence = [{"axis": "tp", "dim": 0}] if _sequence_parallel and not expert else None
-    if cls in _COLUMN:
-        if role == "output":
-            return None if getattr(module, "gather_output", False) else [{"axis": tp, "dim": -1}]
-        return sequence
-    if cls in _ROW:
-        if role == "input":
-            return [{"axis": tp, "dim": -1}]
-        if sub != "0":
-            return None                               # the bias: replicated
-        return [{"axis": "etp", "reduce": "sum"}] if expert else sequence
-    if cls in _ATTENTION:
-        if role == "output":
-            return [{"axis": "tp", "dim": -1}]
-        return [{"axis": "tp", "dim": -2}] if sub in ("0", "1", "2", "query", "key", "value") else None
-    if path.endswith(("q_layernorm", "k_layernorm")):
-        return [{"axis": "tp", "dim": -2}]
-    if cls in _EXPERTS:
-        # routed tokens are split over expert-parallel ranks; expert-TP ranks hold partial outputs
-        partial = [{"axis": "etp", "reduce": "sum"}] if role == "output" else []
-        return [{"axis": "ep", "dim": 0}] + partial
-    if sequence and cls == "TopKRouter" and role == "output":
-        return sequence   # probabilities and routing map: one row per token of the rank's part
-    if sequence and sub in _HIDDEN_SUBS and (cls in _SEQUENCE_SHARDED or "Norm" in cls):
-        return sequence
-    return None

@@ -6,7 +6,7 @@ stream lives in the norms' second output; one RotaryEmbedding module is shared b
 call belongs to the layer that made it: tdiff.vocab.paths.record_layer); ``FusedMoE`` runs all
 routed experts at once after ``topk``.
 
-At capture time :func:`annotate` records each rank's parallel coordinates and shard specs.
+At capture time, tdiff/hooks/frameworks/sglang.py records each rank's parallel coordinates and shard specs.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-import torch
 
 from tdiff.align.adapters.base import Adapter, Rule, View, piece
 from tdiff.align.ops import Add, Halve, Narrow, SortedTopk, TokensFirst
@@ -139,56 +138,3 @@ class SGLangAdapter(Adapter):
                                  combine=Add("residual stream rebuilt: post-attention residual + MLP output"),
                                  layer=layer, call=record.call))
         return out
-
-
-# ---- capture-time annotation ----
-_COLUMN = {"QKVParallelLinear", "MergedColumnParallelLinear", "ColumnParallelLinear"}
-_SPLIT_FEATURES = {"RadixAttention", "RotaryEmbedding", "SiluAndMul", "GeluAndMul"}
-
-_parallel: dict | None = None
-
-
-def annotate(module, path: str, role: str, sub: str, tensor) -> dict | None:
-    """attrs for an SGLang module's record: parallel coordinates and shard spec (distributed runs)."""
-    parallel = _parallel_info()
-    if parallel is None:
-        return None
-    attrs: dict[str, object] = {"parallel": parallel}
-    spec = _shard_spec(module, role, sub)
-    if spec:
-        attrs["shard"] = spec
-    return attrs
-
-
-def _parallel_info() -> dict | None:
-    global _parallel
-    if _parallel is None:
-        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-            return None
-        if torch.distributed.get_world_size() == 1:
-            return None
-        from sglang.srt.runtime_context import get_parallel
-
-        p = get_parallel()
-        _parallel = {"tp": [p.tp_rank, p.tp_size], "pp": [p.pp_rank, p.pp_size],
-                     "ep": [p.moe_ep_rank, p.moe_ep_size], "etp": [p.moe_tp_rank, p.moe_tp_size],
-                     "dp": [p.attn_dp_rank, p.attn_dp_size]}
-    return _parallel
-
-
-def _shard_spec(module, role: str, sub: str) -> list[dict] | None:
-    cls = type(module).__name__
-    if cls in _COLUMN:
-        return [{"axis": "tp", "dim": -1}] if role == "output" and sub == "0" else None
-    if cls == "RowParallelLinear":
-        if role == "input":
-            return [{"axis": "tp", "dim": -1}]
-        if sub == "0" and not getattr(module, "reduce_results", True):
-            return [{"axis": "tp", "reduce": "sum"}]
-        return None
-    if cls in _SPLIT_FEATURES:
-        tensors = {"RotaryEmbedding": ("1", "2") if role == "input" else ("0", "1")}.get(cls)
-        return [{"axis": "tp", "dim": -1}] if tensors is None or sub in tensors else None
-    if cls == "FusedMoE" and role == "output" and not getattr(module, "reduce_results", True):
-        return [{"axis": "etp", "reduce": "sum"}, {"axis": "ep", "reduce": "sum"}]
-    return None

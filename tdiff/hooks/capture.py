@@ -48,6 +48,7 @@ from tdiff.hooks.device import Summarizer, host_copy
 from tdiff.hooks.layouts import unrecordable
 from tdiff.hooks.modules import ModuleDescriber
 from tdiff.hooks.naming import ModulePaths, flatten_call_inputs, flatten_tensors, positional_parameters, tensor_name
+from tdiff.hooks.opaque import unrecorded_arguments
 from tdiff.hooks.ops import OpRecorder, OpTracer
 from tdiff.hooks.part import ProcessPart
 from tdiff.hooks.running import Frame, RunningState, count_call
@@ -325,6 +326,7 @@ class Capture:
             self._modules.describe(described, path, self._current_rank(), self.writer.part)
         if recording:
             parameters = positional_parameters(module, len(args))
+            unrecorded = unrecorded_arguments(args, kwargs, parameters)   # said on its output records
             for sub, tensor in flatten_call_inputs(args, kwargs):
                 self._record(tensor, site.name(sub), sub, "input", call, where,
                              bound=_bound_name(site, sub, parameters))
@@ -354,7 +356,7 @@ class Capture:
             stack.pop()
         if recording:
             for sub, tensor in flatten_tensors(output):
-                self._record(tensor, site.name(sub), sub, "output", call, where)
+                self._record(tensor, site.name(sub), sub, "output", call, where, unrecorded=unrecorded)
             self._summaries.launch()
         if not stack:
             (graph.top_level if graph is not None else thread.top_level_done).add(id(module))
@@ -476,7 +478,7 @@ class Capture:
 
     def _record(self, tensor: torch.Tensor, name: str, sub: str, role: str, call: int,
                 where: tuple, explicit_attrs: dict | None = None, op: dict | None = None,
-                bound: str | None = None) -> int | None:
+                bound: str | None = None, unrecorded: dict[str, str] | None = None) -> int | None:
         unfit = unrecordable(tensor)
         if unfit is not None:
             if not any(note.startswith(unfit) for note in self.notes):   # once a kind
@@ -513,6 +515,8 @@ class Capture:
             record.attrs = {**record.attrs, "quantization": quantization}
         if bound is not None:
             record.attrs = {**record.attrs, "bound": bound}
+        if unrecorded is not None:
+            record.attrs = {**record.attrs, "unrecorded": unrecorded}
         layout = declared_layout(module, parent) if module is not None and op is None and role != "explicit" else None
         if layout is not None and layout != FRAMEWORK_LAYOUTS.get(record.attrs.get("framework", "")):
             record.attrs = {**record.attrs, "layout": layout}   # what its framework's layout would not say

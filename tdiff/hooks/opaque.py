@@ -29,6 +29,7 @@ from tdiff.hooks.naming import CALL_VALUES
 
 _SETTINGS = (type(None), bool, numbers.Number, str, bytes, enum.Enum, torch.dtype, torch.device, torch.layout,
              torch.memory_format, slice, range, type, types.FunctionType, types.BuiltinFunctionType)
+_NOT_WALKED = (torch.Tensor, *_SETTINGS)   # what most arguments are: recorded, or a setting
 
 
 def unrecorded_arguments(args: tuple, kwargs: dict, parameters: list[str]) -> dict[str, str] | None:
@@ -37,10 +38,10 @@ def unrecorded_arguments(args: tuple, kwargs: dict, parameters: list[str]) -> di
     positional arguments bind to (tdiff.hooks.naming.positional_parameters)."""
     found: dict[str, str] = {}
     for i, arg in enumerate(args):
-        if not isinstance(arg, (torch.Tensor, *_SETTINGS)):   # most arguments: no walk
+        if not isinstance(arg, _NOT_WALKED):
             _add(found, arg, parameters[i] if i < len(parameters) else str(i))
     for key, arg in kwargs.items():
-        if not isinstance(arg, (torch.Tensor, *_SETTINGS)):
+        if not isinstance(arg, _NOT_WALKED):
             _add(found, arg, key)
     return found or None
 

@@ -11,15 +11,22 @@
 
 ``--budget-gb`` caps the tensor data of a full capture per side: the region is narrowed until it
 fits (in search mode that needs one more discovery run on side A, inside the narrowed layer).
+
+Every pair of captures is paired as two dumps are (tdiff.align.choose_pairing, with ``--mapping``
+and ``--align``). Runs whose token layouts differ are aligned token by token, which compares rows
+of tensors: once the stats pass or the first probe finds that, both runs are captured in full,
+every boundary, and bisected as two dumps. Coverage is part of the verdict as in compare:
+tensor-tokens both runs fed that were not compared make a match exit 2 unless a divergence was
+found, or ``--allow-unaligned`` (then a note lists them).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from tdiff.bisect.regions import Region, ancestors, enclosing_layer, parents_by_path
+from tdiff.bisect.regions import Region, ancestors, enclosing_layer, parents_by_path, record_bytes
 from tdiff.bisect.result import BisectResult, Divergence
 from tdiff.bisect.runs import Runner
 from tdiff.bisect.search import BinarySearch
@@ -29,7 +36,7 @@ from tdiff.bisect.walk import bisect_dumps
 from tdiff.bisect.zoom import zoom_in
 from tdiff.compare.engine import Comparison
 from tdiff.compare.metrics import EXACT, Tolerance
-from tdiff.compare.pairing import NameFilter, NamePairing, Pairing
+from tdiff.compare.pairing import NameFilter, Pair, Pairing
 from tdiff.errors import TdiffError
 from tdiff.store import Dump
 
@@ -42,9 +49,22 @@ class OnlineOptions:
     stats_pass: bool = True
     budget_bytes: int | None = None
     steps: str | None = None
-    pairing: Pairing | None = None
+    pairing: Pairing | None = None   # None: each pair of captures paired as two dumps are (choose_pairing)
+    mapping: str | None = None
+    align: str | None = None
+    allow_unaligned: bool = False
     # --select/--exclude: the tensors every run's comparison keeps
     names: NameFilter = field(default_factory=NameFilter)
+
+    def pairing_of(self, a: Dump, b: Dump) -> Pairing:
+        """How two captures pair: as given, else as two dumps pair; under --select/--exclude."""
+        if self.pairing is not None:
+            chosen = self.pairing
+        else:
+            from tdiff.align import choose_pairing
+
+            chosen = choose_pairing(a, b, self.mapping, self.align)
+        return self.names.applied_to(chosen) or chosen
 
 
 def bisect_commands(run_a: str, run_b: str, work: Path, options: OnlineOptions,
@@ -52,14 +72,13 @@ def bisect_commands(run_a: str, run_b: str, work: Path, options: OnlineOptions,
     """Bisect two commands. Returns the result (with its run log), the runner (for a graft run)
     and side A's final full capture (None when there was none)."""
     runner = Runner({"A": run_a, "B": run_b}, work, echo)
-    options = replace(options, pairing=options.names.applied_to(options.pairing))
     if options.stats_pass and options.tolerance.exact:
         result, final_a = _with_stats_pass(runner, options)
     else:
         why = "--no-stats-pass" if not options.stats_pass else "fingerprints cannot judge --atol/--rtol/--ulp"
         echo(f"stats pass skipped ({why}): binary search over boundaries with selective captures")
         result, final_a = _with_search(runner, options)
-    result.notes += zoom_in(runner, result.first_divergence, options.tolerance, options.pairing)  # to the op
+    result.notes += zoom_in(runner, result.first_divergence, options.tolerance, options.pairing_of)  # to the op
     result.runs = runner.log
     return result, runner, final_a
 
@@ -70,7 +89,11 @@ def _with_stats_pass(runner: Runner, options: OnlineOptions) -> tuple[BisectResu
     why = "fingerprints of every boundary (stats mode)"
     run_a, a = runner.capture("A", "stats pass", why, mode="stats", steps=options.steps)
     run_b, b = runner.capture("B", "stats pass", why, mode="stats", steps=options.steps)
-    stats = bisect_dumps(a, b, pairing=options.pairing)
+    pairing = options.pairing_of(a, b)
+    if _by_rows(pairing.pair(a, b)):
+        run_a.outcome = run_b.outcome = "aligned by token"
+        return _full_pass(runner, options)
+    stats = bisect_dumps(a, b, pairing=pairing, allow_unaligned=options.allow_unaligned)
     run_a.outcome = run_b.outcome = stats.status
     divergence = stats.first_divergence
     if divergence is None:
@@ -88,6 +111,30 @@ def _with_stats_pass(runner: Runner, options: OnlineOptions) -> tuple[BisectResu
         return stats, None
     final.checked += stats.checked
     return final, final_a
+
+
+def _by_rows(pairs: list[Pair]) -> bool:
+    """Whether the pairs compare rows of tensors token by token (runs whose token layouts differ):
+    a stats capture stores no rows, and a search over one step of side A cannot follow tokens the
+    other run feeds at other steps, so such runs are captured in full, every boundary at once."""
+    return any(pair.tokens is not None for pair in pairs)
+
+
+def _full_pass(runner: Runner, options: OnlineOptions) -> tuple[BisectResult, Dump | None]:
+    """Runs aligned by token: both captured in full mode, every boundary, and bisected as two dumps."""
+    runner.log.strategy = "a full capture of every boundary (the runs are aligned by token)"
+    runner.echo("  the runs' token layouts differ: their rows are compared token by token, which needs every "
+                "boundary's tensors; capturing them in full mode")
+    why = "every boundary's tensors, to align the runs by token"
+    _, a = runner.capture("A", "final capture", why, mode="full", steps=options.steps, params=True)
+    needed = sum(record_bytes(r) for r in a.records if r.alias_of is None)
+    if options.budget_bytes is not None and needed > options.budget_bytes:
+        raise TdiffError(f"the runs are aligned by token, which needs every boundary's tensors: {needed / GIB:.3g} "
+                         f"GiB on side A, more than --budget-gb ({options.budget_bytes / GIB:.3g}); raise it, or "
+                         "capture fewer steps with --steps")
+    _, b = runner.capture("B", "final capture", why, mode="full", steps=options.steps, params=True)
+    return (bisect_dumps(a, b, tolerance=options.tolerance, pairing=options.pairing_of(a, b),
+                         allow_unaligned=options.allow_unaligned), a)
 
 
 def _region_around(divergence: Divergence, records, budget: int | None) -> Region | None:
@@ -136,7 +183,10 @@ def _with_search(runner: Runner, options: OnlineOptions) -> tuple[BisectResult, 
     differing: dict[int, Comparison] = {}
     checked = 0
     while (index := search.next_probe()) is not None:
-        verdict, compared = _probe(runner, spine[index], options)
+        probed = _probe(runner, spine[index], options)
+        if probed is None:
+            return _full_pass(runner, options)
+        verdict, compared = probed
         checked += compared
         if verdict is not None:
             differing[index] = verdict
@@ -164,14 +214,20 @@ def _with_search(runner: Runner, options: OnlineOptions) -> tuple[BisectResult, 
     return final, final_a
 
 
-def _probe(runner: Runner, boundary: Boundary, options: OnlineOptions) -> tuple[Comparison | None, int]:
-    """Capture one boundary on both sides; the first differing tensor there, or None."""
+def _probe(runner: Runner, boundary: Boundary, options: OnlineOptions) -> tuple[Comparison | None, int] | None:
+    """Capture one boundary on both sides; the first differing tensor there (or None) and the
+    tensors compared; None when the runs are aligned by token (a search over one step's boundaries
+    of side A cannot follow tokens that the other run feeds at other steps)."""
     mode = "stats" if options.tolerance.exact else "full"
     why = f"does {boundary} differ?"
     select, steps = boundary.probe_select(), str(boundary.step)
     run_a, a = runner.capture("A", "probe", why, mode=mode, select=select, steps=steps)
     run_b, b = runner.capture("B", "probe", why, mode=mode, select=select, steps=steps)
-    pairs = [p for p in (options.pairing or NamePairing()).pair(a, b) if boundary.matches(p.record)]
+    paired = options.pairing_of(a, b).pair(a, b)
+    if _by_rows(paired):
+        run_a.outcome = run_b.outcome = "aligned by token"
+        return None
+    pairs = [p for p in paired if boundary.matches(p.record)]
     if not any(p.a is not None for p in pairs):
         raise TdiffError(f"side A did not record {boundary} again: its runs differ in structure")
     if not any(p.b is not None for p in pairs):
@@ -214,4 +270,5 @@ def _final(runner: Runner, region: Region, options: OnlineOptions) -> tuple[Bise
     # with the region's parameters: the culprit's exact replay reads them (tdiff.bisect.cause)
     _, a = runner.capture("A", "final capture", why, mode="full", select=region.select(), steps=steps, params=True)
     _, b = runner.capture("B", "final capture", why, mode="full", select=region.select(), steps=steps, params=True)
-    return bisect_dumps(a, b, tolerance=options.tolerance, pairing=options.pairing), a
+    return bisect_dumps(a, b, tolerance=options.tolerance, pairing=options.pairing_of(a, b),
+                        allow_unaligned=options.allow_unaligned), a

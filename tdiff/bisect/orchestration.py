@@ -43,7 +43,8 @@ def run(*dumps: str | Path, run_a: str | None = None, run_b: str | None = None,
         workdir: Path | None = None, echo: Callable[[str], None] = _silent, jobs: int = 1) -> BisectResult:
     """Bisect two dumps (A B), the runs of one repeat folder, or two commands (``run_a``, ``run_b``).
 
-    ``mapping``, ``align`` and ``allow_unaligned`` pair and judge two dumps as in `tdiff compare`. ``graft`` reruns side B
+    ``mapping``, ``align`` and ``allow_unaligned`` pair and judge two dumps (or two commands' captures) as in
+    `tdiff compare`. ``graft`` reruns side B
     (``run_b``) with the culprit's inputs from side A; ``try_fixes``
     (``builtin``, ``builtin:NAMES`` or a patch file) reruns side B under candidate fixes for the
     culprit's kind. ``stats_pass``, ``budget_bytes`` and ``steps`` shape online runs. Runs go to
@@ -54,15 +55,17 @@ def run(*dumps: str | Path, run_a: str | None = None, run_b: str | None = None,
     online = run_a is not None and not dumps
     reruns_b = graft or try_fixes is not None
     _check_request(dumps, run_a, run_b, reruns_b, online, stats_pass, budget_bytes, steps, workdir)
-    if align is not None and len(dumps) != 2:
-        raise TdiffError("--align applies to two dumps (A B)")
+    if (align is not None or mapping is not None) and not online and len(dumps) != 2:
+        raise TdiffError(f"{'--align' if align is not None else '--mapping'} applies to two dumps (A B) or to "
+                         "--run-a/--run-b")
     with _work_dir(workdir, needed=online or reruns_b) as work:
         final_a: Dump | None
         if online:
             assert run_a is not None and run_b is not None, "_check_request: online runs both commands"
             parse_ranges(steps, "--steps")
             options = OnlineOptions(tolerance=tolerance, stats_pass=stats_pass, steps=steps, names=names,
-                                    budget_bytes=budget_bytes)
+                                    budget_bytes=budget_bytes, mapping=mapping, align=align,
+                                    allow_unaligned=allow_unaligned)
             result, runner, final_a = bisect_commands(run_a, run_b, work, options, echo)
         elif len(dumps) == 1:
             result = bisect_repeats(dumps[0], tolerance=tolerance, allow_incomplete=allow_incomplete,

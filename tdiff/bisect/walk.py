@@ -211,8 +211,9 @@ def _at_output(stream: Stream, index: int, comparison: Comparison, not_compared:
 
 class _NotCompared:
     """The inputs of a culprit module's call that bisect did not compare: the parameters and
-    buffers it reads (capture lists them on its output record, attrs "state"), inputs one side
-    alone passed, and inputs that token alignment could not line up."""
+    buffers it reads (capture lists them on its output record, attrs "state"), the arguments it
+    was passed that capture does not record as tensors (attrs "unrecorded"), inputs one side alone
+    passed, and inputs that token alignment could not line up."""
 
     def __init__(self, a: Dump, b: Dump, pairing: Pairing | None):
         self.dumps = (a, b)
@@ -238,6 +239,9 @@ class _NotCompared:
             for name in (side.record.attrs.get("state") or []) if side is not None else []:
                 if name not in stored:
                     add(STATE_NOT_RECORDED, name)
+        for side in (pair.a, pair.b):   # arguments capture did not record as tensors (tdiff.hooks.opaque)
+            for name, why in (side.record.attrs.get("unrecorded") or {}).items() if side is not None else ():
+                add(why, name)
         differing = [name for name, equal in stored.items() if not equal]
         for earlier in stream.pairs[:index]:
             record = earlier.record

@@ -20,6 +20,7 @@ import torch
 from tdiff.errors import TdiffError
 from tdiff.hooks.active import active_capture
 from tdiff.hooks.naming import flatten_call_inputs, flatten_tensors, positional_parameters, tensor_name
+from tdiff.hooks.opaque import unrecorded_arguments
 from tdiff.hooks.ops import OpTracer
 from tdiff.hooks.plan import Where, declared_layout
 from tdiff.hooks.running import Frame, ThreadState, count_call
@@ -61,8 +62,10 @@ def recorded_call(capture: Capture, module, invoke, args: tuple, kwargs: dict):
     recorder = capture.recorder
     if recording and graph is None:   # (a parameter's host copy cannot run while a graph is captured)
         capture.modules.describe(described, path, capture.running.rank(), capture.writer.part)
+    unrecorded = None
     if recording:
         parameters = positional_parameters(module, len(args))
+        unrecorded = unrecorded_arguments(args, kwargs, parameters)   # said on its output records
         for sub, tensor in flatten_call_inputs(args, kwargs):
             recorder.record(tensor, plan.name(sub), sub, "input", call, where,
                             bound=plan.bound_name(sub, parameters))
@@ -92,7 +95,7 @@ def recorded_call(capture: Capture, module, invoke, args: tuple, kwargs: dict):
         stack.pop()
     if recording:
         for sub, tensor in flatten_tensors(output):
-            recorder.record(tensor, plan.name(sub), sub, "output", call, where)
+            recorder.record(tensor, plan.name(sub), sub, "output", call, where, unrecorded=unrecorded)
         recorder.summaries.launch()
     if not stack:
         (graph.top_level if graph is not None else thread.top_level_done).add(id(module))

@@ -66,7 +66,7 @@ class Recorder:
 
     def record(self, tensor: torch.Tensor, name: str, sub: str, role: str, call: int,
                where: Where, explicit_attrs: dict | None = None, op: dict | None = None,
-               bound: str | None = None) -> int | None:
+               bound: str | None = None, unrecorded: dict[str, str] | None = None) -> int | None:
         """Record ``tensor``; returns its record's seq (None: not recordable, the dump says so)."""
         capture = self._capture
         unfit = unrecordable(tensor)
@@ -105,6 +105,8 @@ class Recorder:
             record.attrs = {**record.attrs, "quantization": quantization}
         if bound is not None:
             record.attrs = {**record.attrs, "bound": bound}
+        if unrecorded is not None:
+            record.attrs = {**record.attrs, "unrecorded": unrecorded}
         layout = declared_layout(module, parent) if module is not None and op is None and role != "explicit" else None
         if layout is not None and layout != FRAMEWORK_LAYOUTS.get(record.attrs.get("framework", "")):
             record.attrs = {**record.attrs, "layout": layout}   # what its framework's layout would not say

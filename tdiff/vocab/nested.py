@@ -59,6 +59,12 @@ class Nested(Generic[T]):
         """(sub-name, leaf) for every leaf in ``value``; ``prefix`` names ``value`` itself."""
         yield from self._leaves(value, prefix, 0, frozenset())
 
+    def passed_over(self, value: object, prefix: str = "") -> Iterator[tuple[str, object, str]]:
+        """(sub-name, part, why) for each part of ``value`` the walk neither yields as a leaf nor
+        opens: why is "skipped" (a class named in ``skip``), "too deep" (a container ``max_depth``
+        levels down) or "not a container" (None, numbers, text, other objects)."""
+        yield from self._passed_over(value, prefix, 0, frozenset())
+
     def leaf_at(self, value: object, sub: str) -> T | None:
         """The leaf that :meth:`leaves` names ``sub``, None if there is none."""
         return next((leaf for name, leaf in self.leaves(value) if name == sub), None)
@@ -78,6 +84,20 @@ class Nested(Generic[T]):
         inside = seen | {id(value)}
         for _, name, item in parts:
             yield from self._leaves(item, join(prefix, name), depth + 1, inside)
+
+    def _passed_over(self, value, prefix: str, depth: int, seen: frozenset) -> Iterator[tuple[str, object, str]]:
+        if isinstance(value, self.leaf) or id(value) in seen:
+            return
+        if not _is_container(value):
+            yield prefix, value, "not a container"
+        elif type(value).__name__ in self.skip:
+            yield prefix, value, "skipped"
+        elif depth >= self.max_depth:
+            yield prefix, value, "too deep"
+        else:
+            inside = seen | {id(value)}
+            for _, name, item in self._parts(value, prefix, depth, seen) or ():
+                yield from self._passed_over(item, join(prefix, name), depth + 1, inside)
 
     def _replace(self, value, new: Callable[[str, T], T], prefix: str, depth: int, seen: frozenset):
         if isinstance(value, self.leaf):

@@ -44,14 +44,20 @@ class Run:
 
 def capture_run(path, run: Run) -> None:
     with tdiff.capture(path):
-        for k, forward in enumerate(run.forwards):
-            tdiff.step()
-            ids, positions, values = _grid(run, forward, k)
-            if k not in run.no_tokens:
-                lens = [len(ps) for _, ps in forward.feeds]
-                tdiff.tokens(input_ids=ids, positions=positions, seq_lens=lens,
-                             seq_ids=[key.split("#")[0] for key, _ in forward.feeds] if forward.ids else None)
-            tdiff.dump("hidden", values, layout="batch-first")   # a square padded grid needs it said
+        record_run(run)
+
+
+def record_run(run: Run) -> None:
+    """The run's forwards, into the active capture (tdiff.capture, or `tdiff capture -- python -m
+    tests.align.token_layouts ...`)."""
+    for k, forward in enumerate(run.forwards):
+        tdiff.step()
+        ids, positions, values = _grid(run, forward, k)
+        if k not in run.no_tokens:
+            lens = [len(ps) for _, ps in forward.feeds]
+            tdiff.tokens(input_ids=ids, positions=positions, seq_lens=lens,
+                         seq_ids=[key.split("#")[0] for key, _ in forward.feeds] if forward.ids else None)
+        tdiff.dump("hidden", values, layout="batch-first")   # a square padded grid needs it said
 
 
 def _grid(run: Run, forward: Forward, k: int):
@@ -94,3 +100,29 @@ def trainer(sequences: dict[str, list[int]], order=None, *, padded=False, **run)
     order = order or list(sequences)
     return Run(sequences, [Forward([(key, list(range(len(sequences[key])))) for key in order], padded=padded,
                                    padding=1 if padded else 0)], **run)
+
+
+# the runs a program run under `tdiff capture` (bisect --run-a, patch try) records
+SEQUENCES = {"r1": [5, 6, 7, 8, 9, 10], "r2": [5, 11, 12, 13, 14]}
+PROMPTS = {"r1": 3, "r2": 2}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """python -m tests.align.token_layouts trainer|engine [--no-tokens K] [--planted SEQ:POS]:
+    SEQUENCES scored by a trainer (one packed forward, reordered) or rolled out by an engine
+    (prefill, decode steps); forward K described by no token metadata; 1.0 added to a token's row."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("layout", choices=["trainer", "engine"])
+    parser.add_argument("--no-tokens", type=int, action="append", default=[])
+    parser.add_argument("--planted", action="append", default=[])
+    args = parser.parse_args(argv)
+    planted = {(key, int(position)): 1.0 for key, _, position in (p.partition(":") for p in args.planted)}
+    run = (trainer(SEQUENCES, ["r2", "r1"], planted=planted) if args.layout == "trainer"
+           else engine(SEQUENCES, PROMPTS, no_tokens=set(args.no_tokens), planted=planted))
+    record_run(run)
+
+
+if __name__ == "__main__":
+    main()

@@ -2,6 +2,7 @@
 and equal (issue 27 §8): a parameter or buffer the culprit reads, an operand made on a helper
 thread, an input one side alone passes are named as not compared, with why."""
 
+import types
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -90,3 +91,49 @@ def test_an_operand_made_on_a_helper_thread_is_named_as_not_compared(tmp_path):
     assert divergence.op.not_compared.startswith("input 1 (made where no op record holds it")
     assert "its compared inputs match" in divergence.op.describe()
 
+
+
+class CachedPrefixBackend:
+    """An SGLang attention backend: the new tokens attend over the keys and values cached before
+    them (in the forward batch's KV pool) and their own."""
+
+    def forward(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        pool = forward_batch.token_to_kv_pool
+        keys, values = torch.cat([pool.k, k]).transpose(0, 1), torch.cat([pool.v, v]).transpose(0, 1)
+        q = q.view(q.shape[0], layer.tp_q_head_num, layer.qk_head_dim).transpose(0, 1)
+        out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, scale=layer.scaling)
+        return out.transpose(0, 1).reshape(q.shape[1], -1)
+
+
+def capture_radix_attention(path, stale_cache: bool):
+    """SGLang's RadixAttention over a real ForwardBatch whose KV pool holds 5 cached tokens."""
+    from tests.stacks.sglang import install_import_shims
+
+    install_import_shims()
+    from sglang.srt.layers.radix_attention import RadixAttention
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+    from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+
+    generator = torch.Generator().manual_seed(0)
+    heads, dim, tokens, cached = 2, 4, 3, 5
+    attention = RadixAttention(heads, dim, dim ** -0.5, heads, layer_id=0)
+    q, k, v = (torch.randn(tokens, heads * dim, generator=generator) for _ in range(3))
+    pool = types.SimpleNamespace(k=torch.randn(cached, heads, dim, generator=generator),
+                                 v=torch.randn(cached, heads, dim, generator=generator))
+    if stale_cache:
+        pool.v[0, 0, 0] += 1e-3
+    batch = ForwardBatch(forward_mode=ForwardMode.EXTEND, batch_size=1, input_ids=torch.arange(tokens),
+                         req_pool_indices=torch.tensor([0]), seq_lens=torch.tensor([cached + tokens]),
+                         out_cache_loc=torch.arange(cached, cached + tokens), seq_lens_sum=cached + tokens)
+    batch.token_to_kv_pool = pool
+    with forward_context(ForwardContext(attn_backend=CachedPrefixBackend()), forward_batch=batch):
+        return capture(path, lambda: attention(q, k, v, batch), model=attention)
+
+
+def test_an_attention_reading_a_kv_cache_through_its_forward_batch_is_not_said_to_have_matching_inputs(tmp_path):
+    divergence = bisect_dumps(capture_radix_attention(tmp_path / "a", stale_cache=False),
+                              capture_radix_attention(tmp_path / "b", stale_cache=True)).first_divergence
+    assert divergence.event == "output" and divergence.kind == "attention"
+    assert divergence.not_compared == "forward_batch (an object tdiff does not record: ForwardBatch)"
+    assert divergence.description.endswith(": its compared inputs match; not compared: forward_batch (an object tdiff "
+                                           "does not record: ForwardBatch); its output differs")

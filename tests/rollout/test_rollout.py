@@ -24,6 +24,7 @@ STEPS = 3
 CHUNK = 3   # chunked prefill: the prompts' first 3 tokens, then the rest on top of their KV cache
 # fp32 round-off between a cached decode and a full forward (cpu-stacks.md measures 1e-6)
 TOLERANCE = 1e-5
+FORWARD_BATCH = "forward_batch (an object tdiff does not record: ForwardBatch)"
 
 
 def captured(root, name, script, *args):
@@ -135,6 +136,8 @@ def test_the_planted_fault_is_on_the_decode_path_alone(runs):
     found = result.first_divergence
     assert (found.module, found.kind, found.step) == (PLANTED_ATTENTION, "attention", 1)
     assert found.introduced
+    # it reads the KV cache through its ForwardBatch, which capture does not record: not "its inputs match"
+    assert found.not_compared == FORWARD_BATCH and "its inputs match" not in found.description
 
 
 @pytest.mark.parametrize("layout", ["padded", "thd", "thd-padded"])
@@ -153,6 +156,7 @@ def test_a_decode_only_fault_is_named_with_its_module_kind_and_token(runs):
     found = result.first_divergence
     assert (found.module, found.kind, found.layer) == (PLANTED_ATTENTION, "attention", 1)
     assert found.module_b == "decoder.layers.1.self_attention.core_attention" and found.introduced
+    assert FORWARD_BATCH in found.not_compared and "its compared inputs match" in found.description
     token = found.to_json()["token"]
     # a decode step's token: past its prompt, fed at step >= 1 by the engine, at step 0 by the trainer
     assert token["step_a"] >= 1 and token["step_b"] == 0

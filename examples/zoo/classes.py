@@ -31,6 +31,7 @@ class ZooClass:
     both: tuple[Plant, ...] = ()  # set on both sides (a kernel both run)
     engine_batch: int = 1        # sequences the engine scores in one batch (the first is compared)
     ops: str | None = None       # capture --ops REGEX: record the ATen ops of these modules' forwards
+    ranks: int = 1               # processes per side (torchrun, gloo): the engine's tensor parallelism
     note: str = ""               # what the variant does, for the table's "planted where"
 
 
@@ -57,11 +58,12 @@ CLASSES: tuple[ZooClass, ...] = (
     ZooClass("kv-cache-cast", "KV-cache write cast",
              (Plant(LAYER1 + r"\.self_attn\.attn", "_kv_cache_dtype", "bfloat16"),),
              named=LAYER1 + r"\.self_attn\.attn", cause="precision", side="engine",
-             note="keys and values written to a bf16 KV cache"),
+             note="keys and values written to SGLang's KV pool (`MHATokenToKVPool`) in bf16 and read back"),
     ZooClass("tp-reduction", "TP reduction order",
-             (Plant(LAYER1 + r"\.self_attn\.o_proj", "_k_splits", 2),),
-             named=LAYER1 + r"\.self_attn\.o_proj", cause="rounding",
-             note="row-parallel o_proj: two ranks' partial sums reduced (TP=2, in one process)"),
+             (Plant(LAYER1 + r"\.self_attn\.o_proj", "_row_parallel", True),),
+             named=LAYER1 + r"\.self_attn\.o_proj", cause="rounding", ranks=2,
+             note="row-parallel o_proj at TP=2: each rank's partial product all-reduced over gloo (the "
+                  "trainer's two ranks run it whole)"),
     ZooClass("fp8-scale", "FP8 quantization scale rounding",
              (Plant(MOE + r"\.shared_experts\.down_proj", "_fp8_scale", "exact"),),
              both=(Plant(MOE + r"\.shared_experts\.down_proj", "_fp8_scale", "pow2"),),

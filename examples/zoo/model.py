@@ -108,16 +108,19 @@ class ApplyRotaryEmb(nn.Module):
 class DotProductAttention(nn.Module):
     """Megatron's core-attention contract: query, key, value in [s, b, heads, d], causal
     (``attn_mask_type``), ``softmax_scale``; out [s, b, heads * d]. Planted (``_kv_cache_dtype``):
-    keys and values written to a bf16 KV cache and read back before attending."""
+    keys and values written to SGLang's KV pool (``MHATokenToKVPool`` of that dtype, its own
+    ``set_kv_buffer``) and read back from it before attending, as an engine's attention does."""
 
-    def __init__(self, head_dim: int):
+    def __init__(self, head_dim: int, layer_number: int):
         super().__init__()
         self.softmax_scale = head_dim ** -0.5
         self.attn_mask_type = "causal"
-        self._kv_cache_dtype = torch.float32
+        self.layer_number = layer_number
+        self._kv_cache_dtype: torch.dtype | None = None
 
     def forward(self, query, key, value, attention_mask=None):
-        key, value = (t.to(self._kv_cache_dtype).to(query.dtype) for t in (key, value))
+        if self._kv_cache_dtype is not None:
+            key, value = _through_sglang_kv_pool(key, value, self._kv_cache_dtype, self.layer_number)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))     # [b, heads, s, d]
         scores = q @ k.transpose(-1, -2) * self.softmax_scale
         causal = torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1)
@@ -125,15 +128,39 @@ class DotProductAttention(nn.Module):
         return context.permute(2, 0, 1, 3).flatten(-2)
 
 
+def _through_sglang_kv_pool(key: torch.Tensor, value: torch.Tensor, dtype: torch.dtype, layer: int):
+    """``key`` and ``value`` [s, b, heads, d] stored in a fresh SGLang ``MHATokenToKVPool`` of
+    ``dtype`` (one slot per token; slot 0 is SGLang's padding slot) and read back in their dtype."""
+    from types import SimpleNamespace
+
+    from tests.stacks.sglang import init_sglang
+
+    init_sglang()
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    s, b, heads, dim = key.shape
+    pool = MHATokenToKVPool(size=s * b + 1, page_size=1, dtype=dtype, head_num=heads, head_dim=dim,
+                            layer_num=layer + 1, device="cpu", enable_memory_saver=False)
+    slots = torch.arange(1, s * b + 1)
+    pool.set_kv_buffer(SimpleNamespace(layer_id=layer), slots, key.reshape(-1, heads, dim),
+                       value.reshape(-1, heads, dim))
+    return (pool.get_key_buffer(layer)[slots].reshape(key.shape).to(key.dtype),
+            pool.get_value_buffer(layer)[slots].reshape(value.shape).to(value.dtype))
+
+
 class Linear(nn.Linear):
     """torch's linear. Planted variants: ``_k_splits`` N sums N partial products over slices of
     the input features (tensor-parallel ranks' partial sums reduced, a GEMM's split-K tiles);
-    ``_fp8_scale`` quantizes the input to float8_e4m3 per tensor first, with the scale
-    ``amax / 448`` rounded up to a power of two (``pow2``) or not (``exact``)."""
+    ``_row_parallel`` multiplies this rank's slice of the input features only and all-reduces the
+    partial products over the process group (gloo: a row-parallel layer at TP = world size, the
+    module keeping the whole weight so that bisect replays the whole op); ``_fp8_scale``
+    quantizes the input to float8_e4m3 per tensor first, with the scale ``amax / 448`` rounded up
+    to a power of two (``pow2``) or not (``exact``)."""
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__(in_features, out_features, bias=False)
         self._k_splits = 1
+        self._row_parallel = False
         self._fp8_scale: str | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -142,6 +169,11 @@ class Linear(nn.Linear):
             if self._fp8_scale == "pow2":
                 scale = torch.exp2(torch.ceil(torch.log2(scale)))
             x = (x / scale).to(torch.float8_e4m3fn).to(x.dtype) * scale
+        if self._row_parallel:
+            ranks, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+            partial = F.linear(x.chunk(ranks, -1)[rank], self.weight.chunk(ranks, -1)[rank])
+            torch.distributed.all_reduce(partial)
+            return partial
         if self._k_splits == 1:
             return F.linear(x, self.weight)
         parts = zip(x.chunk(self._k_splits, -1), self.weight.chunk(self._k_splits, -1))
@@ -223,13 +255,13 @@ class MoE(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self):
+    def __init__(self, layer_number: int):
         super().__init__()
         self.qkv_proj = Linear(HIDDEN, 3 * HIDDEN)
         self.q_norm = RMSNorm(HEAD_DIM)
         self.k_norm = RMSNorm(HEAD_DIM)
         self.rotary = ApplyRotaryEmb(HEAD_DIM)
-        self.attn = DotProductAttention(HEAD_DIM)
+        self.attn = DotProductAttention(HEAD_DIM, layer_number)
         self.o_proj = Linear(HIDDEN, HIDDEN)
 
     def forward(self, x, positions, cos, sin):
@@ -242,10 +274,10 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self):
+    def __init__(self, layer_number: int):
         super().__init__()
         self.input_layernorm = RMSNorm(HIDDEN)
-        self.self_attn = Attention()
+        self.self_attn = Attention(layer_number)
         self.post_attention_layernorm = RMSNorm(HIDDEN)
         self.mlp = MoE(HIDDEN)
 
@@ -259,7 +291,7 @@ class Model(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(VOCAB, HIDDEN)
         self.rotary_emb = RotaryEmbedding(HEAD_DIM)
-        self.layers = nn.ModuleList(DecoderLayer() for _ in range(LAYERS))
+        self.layers = nn.ModuleList(DecoderLayer(number) for number in range(LAYERS))
         self.norm = RMSNorm(HIDDEN)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

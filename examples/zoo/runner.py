@@ -52,7 +52,10 @@ class Row:
         options = " ".join(shlex.quote(word) for word in trainer[2:trainer.index("--out")])
         extra = [word for word in engine[:engine.index("--out")] if word not in trainer]
         engine_only = f" (engine: `{' '.join(extra)}`)" if extra else ""
-        return f"{len(self.commands)}: `tdiff capture {options}` per side{engine_only}, `tdiff bisect --json`"
+        launch = trainer[trainer.index("--") + 1:trainer.index("examples.zoo.side") - 1]
+        under = f" under `torchrun {' '.join(launch[3:])}`" if "torch.distributed.run" in launch else ""
+        return (f"{len(self.commands)}: `tdiff capture {options}` per side{engine_only}{under}, "
+                "`tdiff bisect --json`")
 
 
 HEADER = ["class", "planted where (engine side)", "named by bisect (module (kind) / op, token)", "cause class",
@@ -65,7 +68,9 @@ def _capture(zoo_class: ZooClass, side: str, out: Path) -> list[str]:
         command += ["--ops", f"^{zoo_class.ops}$"]
     if side == "engine" and zoo_class.engine_batch > 1:
         command += ["--batch-row", "0"]
-    return [*command, "--out", str(out / side), "--", "python", "-m", "examples.zoo.side", zoo_class.key, side]
+    launch = ["python", "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={zoo_class.ranks}"] \
+        if zoo_class.ranks > 1 else ["python"]
+    return [*command, "--out", str(out / side), "--", *launch, "-m", "examples.zoo.side", zoo_class.key, side]
 
 
 def _run(command: list[str], allowed: tuple[int, ...]) -> subprocess.CompletedProcess:
@@ -100,9 +105,10 @@ def _token(token: dict | None) -> str | None:
 def _op(op: dict | None) -> str | None:
     if op is None:
         return None
+    a = f"{op.get('name')} in {op.get('function')} ({op.get('source')})"
     if op.get("parted"):
-        return f"ops part: {op.get('name')} ({op.get('function')}) vs {op.get('name_b')} ({op.get('function_b')})"
-    return f"{op.get('name')} ({op.get('function')})"
+        return f"op sequences part: {a} vs {op.get('name_b')} in {op.get('function_b')} ({op.get('source_b')})"
+    return a
 
 
 def run_class(zoo_class: ZooClass, out: Path) -> Row:

@@ -6,7 +6,9 @@ engine's planted variant.
 
 Run under `tdiff capture`; the model's modules are recorded, and the log-prob of every token
 (but the first) is dumped as ``logprobs``. The engine of a class with ``engine_batch`` 2 scores
-the sequence in a batch with another one (capture it with --batch-row 0).
+the sequence in a batch with another one (capture it with --batch-row 0); a class with ``ranks``
+2 runs under torchrun, gloo (``python -m torch.distributed.run --standalone --nproc-per-node 2 -m
+examples.zoo.side CLASS SIDE``).
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     zoo_class = by_key(args.zoo_class)
     torch.set_num_threads(1)
+    if zoo_class.ranks > 1:   # started by torchrun: each rank scores the same sequence
+        torch.distributed.init_process_group("gloo")
     model = build()
     plant(model, zoo_class.both)
     if args.side == "engine":
@@ -55,6 +59,8 @@ def main(argv=None) -> None:
     with torch.no_grad():
         logprobs = model(input_ids)
     tdiff.dump("logprobs", logprobs[:, :-1].gather(-1, input_ids[:, 1:, None])[..., 0])
+    if zoo_class.ranks > 1:
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ def test_each_class_plants_an_existing_variant_and_names_a_module_of_the_model(z
     plant(model, zoo_class.both + zoo_class.engine)   # refuses a variant the module does not have
 
 
-@pytest.mark.parametrize("key", ["qk-norm", "kv-cache-cast", "logsoftmax-precision"])
+@pytest.mark.parametrize("key", ["qk-norm", "rope-generation", "logsoftmax-precision"])
 def test_a_precision_variant_moves_the_engine_away_from_the_trainer(key):
     """The planted variants are real: the engine's output differs from the trainer's."""
     from examples.zoo.side import sequences
@@ -74,3 +74,13 @@ def test_the_verdict_is_judged_from_the_bisect_result():
     elsewhere = dict(result, first_divergence=dict(result["first_divergence"], module="model.layers.0.mlp"))
     assert "named `model.layers.0.mlp`, not the planted" in judge(norm, elsewhere, []).why
     assert "no divergence" in judge(norm, {"status": "match", "first_divergence": None}, []).why
+
+
+def test_docs_table_has_a_row_for_every_class():
+    """docs/ZOO.md shows the table of a real run: one row per registered class, none stale."""
+    from tests.helpers import REPO
+
+    text = (REPO / "docs" / "ZOO.md").read_text()
+    table = text[text.index("<!-- zoo-table:begin -->"):text.index("<!-- zoo-table:end -->")]
+    rows = [line.split(" | ")[0].lstrip("| ") for line in table.splitlines()[3:] if line.startswith("| ")]
+    assert rows == [zoo_class.title for zoo_class in CLASSES]

@@ -60,6 +60,8 @@ def test_moe_combine_class_is_named_at_the_op_its_plant_adds(tmp_path):
     row = run_class(by_key("routing-weight-cast"), tmp_path)
     assert row.named == "model.layers.1.mlp" and row.kind == "moe_combine"
     assert row.op is not None and "vs aten::_to_copy" in row.op
+    # the cause says why it cannot replay the combine, and does not ask for the op records it has
+    assert row.cause == "unknown" and "its op records name the op" in row.cause_description
 
 
 def test_the_verdict_is_judged_from_the_bisect_result():

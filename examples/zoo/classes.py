@@ -32,6 +32,7 @@ class ZooClass:
     engine_batch: int = 1        # sequences the engine scores in one batch (the first is compared)
     ops: str | None = None       # capture --ops REGEX: record the ATen ops of these modules' forwards
     ranks: int = 1               # processes per side (torchrun, gloo): the engine's tensor parallelism
+    megatron_attention: bool = False  # the trainer's core attention is megatron-core's DotProductAttention
     note: str = ""               # what the variant does, for the table's "planted where"
 
 
@@ -57,8 +58,9 @@ CLASSES: tuple[ZooClass, ...] = (
              note="q and k rotated in bf16"),
     ZooClass("kv-cache-cast", "KV-cache write cast",
              (Plant(LAYER1 + r"\.self_attn\.attn", "_kv_cache_dtype", "bfloat16"),),
-             named=LAYER1 + r"\.self_attn\.attn", cause="precision", side="engine",
-             note="keys and values written to SGLang's KV pool (`MHATokenToKVPool`) in bf16 and read back"),
+             named=LAYER1 + r"\.self_attn\.attn", cause="precision", side="engine", megatron_attention=True,
+             note="keys and values written to SGLang's KV pool (`MHATokenToKVPool`) in bf16 and read back; "
+                  "the trainer attends with megatron-core's `DotProductAttention`"),
     ZooClass("tp-reduction", "TP reduction order",
              (Plant(LAYER1 + r"\.self_attn\.o_proj", "_row_parallel", True),),
              named=LAYER1 + r"\.self_attn\.o_proj", cause="rounding", ranks=2,

@@ -106,8 +106,8 @@ class ApplyRotaryEmb(nn.Module):
 
 
 class DotProductAttention(nn.Module):
-    """Megatron's core-attention contract: query, key, value in [s, b, heads, d], causal
-    (``attn_mask_type``), ``softmax_scale``; out [s, b, heads * d]. Planted (``_kv_cache_dtype``):
+    """Megatron's core-attention contract: query, key, value in [s, b, heads, d], a boolean mask
+    (true: masked; causal, ``attn_mask_type``), ``softmax_scale``; out [s, b, heads * d]. Planted (``_kv_cache_dtype``):
     keys and values written to SGLang's KV pool (``MHATokenToKVPool`` of that dtype, its own
     ``set_kv_buffer``) and read back from it before attending, as an engine's attention does."""
 
@@ -118,14 +118,27 @@ class DotProductAttention(nn.Module):
         self.layer_number = layer_number
         self._kv_cache_dtype: torch.dtype | None = None
 
-    def forward(self, query, key, value, attention_mask=None):
+    def forward(self, query, key, value, attention_mask):
         if self._kv_cache_dtype is not None:
             key, value = _through_sglang_kv_pool(key, value, self._kv_cache_dtype, self.layer_number)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))     # [b, heads, s, d]
         scores = q @ k.transpose(-1, -2) * self.softmax_scale
-        causal = torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1)
-        context = scores.masked_fill(causal, float("-inf")).softmax(-1) @ v
+        context = scores.masked_fill(attention_mask, float("-inf")).softmax(-1) @ v
         return context.permute(2, 0, 1, 3).flatten(-2)
+
+
+def megatron_core_attention(layer_number: int) -> nn.Module:
+    """megatron-core's own ``DotProductAttention`` (local spec, fp32, causal) for this model's
+    heads, in place of the zoo's (megatron's process groups set up on gloo, tests/stacks)."""
+    from tests.stacks.megatron import gpt_config, init_megatron
+
+    init_megatron()
+    from megatron.core.transformer.dot_product_attention import DotProductAttention as Megatron
+    from megatron.core.transformer.enums import AttnMaskType
+
+    config = gpt_config(layers=LAYERS, hidden=HIDDEN, heads=HEADS, query_groups=HEADS)
+    return Megatron(config, layer_number=layer_number + 1, attn_mask_type=AttnMaskType.causal,
+                    attention_type="self").eval()
 
 
 def _through_sglang_kv_pool(key: torch.Tensor, value: torch.Tensor, dtype: torch.dtype, layer: int):
@@ -270,7 +283,9 @@ class Attention(nn.Module):
         k = self.k_norm(k.unflatten(-1, (HEADS, HEAD_DIM))).flatten(-2)
         q, k = self.rotary(positions, q, k, cos, sin)
         q, k, v = (t.unflatten(-1, (HEADS, HEAD_DIM)).transpose(0, 1) for t in (q, k, v))   # [s, b, h, d]
-        return self.o_proj(self.attn(q, k, v).transpose(0, 1))
+        tokens = q.shape[0]
+        masked = torch.ones(tokens, tokens, dtype=torch.bool).triu(1).view(1, 1, tokens, tokens)   # True: masked
+        return self.o_proj(self.attn(q, k, v, masked).transpose(0, 1))
 
 
 class DecoderLayer(nn.Module):

@@ -49,12 +49,14 @@ class Row:
     def commands_used(self) -> str:
         """How many commands, and the capture's options (the full lines are in ``commands``)."""
         trainer, engine = (shlex.split(c) for c in self.commands[:2])
-        options = " ".join(shlex.quote(word) for word in trainer[2:trainer.index("--out")])
-        extra = [word for word in engine[:engine.index("--out")] if word not in trainer]
+        options = " ".join(shlex.quote(word) for word in trainer[2:trainer.index("--out")] if word in engine)
+        extra = [shlex.quote(word) for word in engine[:engine.index("--out")] if word not in trainer]
         engine_only = f" (engine: `{' '.join(extra)}`)" if extra else ""
+        extra = [shlex.quote(word) for word in trainer[:trainer.index("--out")] if word not in engine]
+        trainer_only = f" (trainer: `{' '.join(extra)}`)" if extra else ""
         launch = trainer[trainer.index("--") + 1:trainer.index("examples.zoo.side") - 1]
         under = f" under `torchrun {' '.join(launch[3:])}`" if "torch.distributed.run" in launch else ""
-        return (f"{len(self.commands)}: `tdiff capture {options}` per side{engine_only}{under}, "
+        return (f"{len(self.commands)}: `tdiff capture {options}` per side{engine_only}{trainer_only}{under}, "
                 "`tdiff bisect --json`")
 
 
@@ -66,6 +68,8 @@ def _capture(zoo_class: ZooClass, side: str, out: Path) -> list[str]:
     command = ["tdiff", "capture", "-q", "--force", "--params"]
     if zoo_class.ops:
         command += ["--ops", f"^{zoo_class.ops}$"]
+    if side == "trainer" and zoo_class.megatron_attention:   # its softmax and dropout, modules the engine lacks
+        command += ["--exclude", r"\.attn\.(scale_mask_softmax|attention_dropout)"]
     if side == "engine" and zoo_class.engine_batch > 1:
         command += ["--batch-row", "0"]
     launch = ["python", "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={zoo_class.ranks}"] \

@@ -20,7 +20,7 @@ import torch
 
 import tdiff
 from examples.zoo.classes import CLASSES, Plant, by_key
-from examples.zoo.model import VOCAB, build
+from examples.zoo.model import VOCAB, build, megatron_core_attention
 
 TOKENS = 16
 
@@ -53,6 +53,9 @@ def main(argv=None) -> None:
         torch.distributed.init_process_group("gloo")
     model = build()
     plant(model, zoo_class.both)
+    if args.side == "trainer" and zoo_class.megatron_attention:
+        for number, attention in enumerate(model.model.layers):
+            attention.get_submodule("self_attn").attn = megatron_core_attention(number)
     if args.side == "engine":
         plant(model, zoo_class.engine)
     input_ids = sequences(zoo_class.engine_batch if args.side == "engine" else 1)

@@ -67,7 +67,7 @@ def cause_of(a: Dump, b: Dump, divergence: Divergence, tolerance: Tolerance) -> 
         return Cause.found("unknown", None, description="no exact replay: the culprit's output is on one side only")
     replays = []
     for side, dump, record, module in (("A", a, first.a, divergence.module), ("B", b, first.b, divergence.module_b)):
-        replay = _side_replay(dump, record, divergence.event, module, divergence.kind)
+        replay = _side_replay(dump, record, divergence.event, module, divergence.kind, divergence.op is not None)
         if isinstance(replay, NoReplay):
             where = f"`{module}`" if module else "the code outside any module"
             return Cause.found("unknown", None, description=f"no exact replay of {where} on side {side}: "
@@ -81,7 +81,8 @@ def cause_of(a: Dump, b: Dump, divergence: Divergence, tolerance: Tolerance) -> 
             f"{str(exc).splitlines()[0] if str(exc) else ''})"))
 
 
-def _side_replay(dump: Dump, record: Record, event: str, module: str | None, kind: str) -> Replay | NoReplay:
+def _side_replay(dump: Dump, record: Record, event: str, module: str | None, kind: str,
+                 op_named: bool) -> Replay | NoReplay:
     """One side's replay of the culprit, whose first differing tensor is ``record``: the module's
     call (event output); for code of ``module``'s own forward (event between), that whole call
     where the module is a canonical op (its inputs matched, its output is what its code made),
@@ -95,8 +96,9 @@ def _side_replay(dump: Dump, record: Record, event: str, module: str | None, kin
     if isinstance(replay, NoReplay) and kind == "residual":
         return _residual_replay(dump, record)
     if isinstance(replay, NoReplay):
+        hint = "its op records name the op" if op_named else "capture its ops with --ops to name the op"
         replay = NoReplay(f"{replay.missing}; the culprit is code of its own forward between two recorded events "
-                          "(capture its ops with --ops to name the op)")
+                          f"({hint})")
     return replay
 
 

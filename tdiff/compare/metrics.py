@@ -211,12 +211,30 @@ def _tensor_magnitude(t: torch.Tensor) -> float:
     """max |x| over the finite elements, chunk by chunk."""
     if t.is_complex():
         t = torch.view_as_real(t.to(torch.complex64) if t.dtype == torch.complex32 else t)
+    if t.dtype in FLOAT_BITS and t.numel():
+        largest_bits = _largest_magnitude_bits(t)
+        if largest_bits is not None:
+            return largest_bits
     flat, largest = t.reshape(-1), 0.0
     for start in range(0, flat.numel(), CHUNK_ELEMENTS):
         values = _values(flat[start:start + CHUNK_ELEMENTS], not t.is_floating_point(), "scale_of")
         if values is not None:
             largest = max(largest, _max_magnitude(values))
     return largest
+
+
+def _largest_magnitude_bits(t: torch.Tensor) -> float | None:
+    """max |x| of a float tensor read off its bit patterns without the sign, whose integer order
+    is the magnitudes' (in the tensor's own width: no conversion to float); None where the largest
+    pattern is an infinity or NaN (they sort above every finite magnitude), left to the values."""
+    bits, largest = bits_of(t.reshape(-1)).numpy(), 0
+    magnitude = (1 << (t.element_size() * 8 - 1)) - 1
+    scratch = _workspace.array("magnitude_bits", bits.dtype, min(bits.size, CHUNK_ELEMENTS))
+    for start in range(0, bits.size, CHUNK_ELEMENTS):
+        chunk = bits[start:start + CHUNK_ELEMENTS]
+        largest = max(largest, int(np.bitwise_and(chunk, magnitude, out=scratch[:chunk.size]).max()))
+    value = float(torch.tensor([largest], dtype=FLOAT_BITS[t.dtype]).view(t.dtype).to(torch.float64))
+    return value if math.isfinite(value) else None
 
 
 @functools.cache
@@ -229,19 +247,43 @@ def _epsilon(dtype: torch.dtype) -> float:
 
 def beyond_tolerance(a: np.ndarray, b: np.ndarray, tolerance: Tolerance) -> np.ndarray:
     """Where |a-b| > atol + rtol*max(|a|,|b|) (boolean, element-wise): the tolerance rule, symmetric
-    in a and b. An infinity is within only of the same infinity, a NaN only of a NaN. Integer
-    arrays (both) are differenced exactly (see :func:`integer_abs_difference`)."""
+    in a and b. An infinity is within only of the same infinity, a NaN only of a NaN. Floats are
+    judged in float64 (float32's rounding of |a-b| or of the bound would move elements across
+    it); integer arrays (both) are differenced exactly (see :func:`integer_abs_difference`)."""
+    out = np.empty(a.shape, dtype=bool)
+    _beyond_into(a.reshape(-1), b.reshape(-1), tolerance, out.reshape(-1))
+    return out
+
+
+def _beyond_into(a: np.ndarray, b: np.ndarray, tolerance: Tolerance, out: np.ndarray) -> None:
+    """:func:`beyond_tolerance` of flat arrays into ``out``, in per-thread scratch arrays."""
+    n = a.size
+    difference = _workspace.array("tolerance_difference", np.float64, n)
+    bound = _workspace.array("tolerance_bound", np.float64, n)
     if a.dtype.kind in "iub" and b.dtype.kind in "iub":
-        difference = integer_abs_difference(a, b)
-        a, b = a.astype(np.float64), b.astype(np.float64)
+        difference[:] = integer_abs_difference(a, b)
     else:
         with np.errstate(invalid="ignore", over="ignore"):
-            difference = np.abs(a - b)
+            np.subtract(a, b, out=difference, dtype=np.float64)
+        np.abs(difference, out=difference)
+    other = _workspace.array("tolerance_other", np.float64, n)
+    np.abs(a, out=bound, dtype=np.float64)
+    np.abs(b, out=other, dtype=np.float64)
+    np.maximum(bound, other, out=bound)
+    finite = n == 0 or math.isfinite(float(bound.max()))   # NaN propagates through maximum and max
     with np.errstate(invalid="ignore", over="ignore"):
-        beyond = difference > (tolerance.atol or 0.0) + (tolerance.rtol or 0.0) * np.maximum(np.abs(a), np.abs(b))
-        beyond |= (np.isinf(a) | np.isinf(b)) & (a != b)   # there the bound is infinite too
-    nan_a, nan_b = np.isnan(a), np.isnan(b)
-    return (beyond & ~(nan_a | nan_b)) | (nan_a ^ nan_b)
+        # rtol*max(|a|,|b|) is NaN or inf where an operand is infinite: those elements are settled below
+        np.multiply(bound, tolerance.rtol or 0.0, out=bound)
+        np.add(bound, tolerance.atol or 0.0, out=bound)
+        np.greater(difference, bound, out=out)
+    if finite:
+        return
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        out |= (np.isinf(a64) | np.isinf(b64)) & (a64 != b64)   # there the bound is infinite too
+    nan_a, nan_b = np.isnan(a64), np.isnan(b64)
+    out &= ~(nan_a | nan_b)
+    out |= nan_a ^ nan_b
 
 
 def integer_abs_difference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -287,13 +329,29 @@ def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def compare_tensors(a: torch.Tensor, b: torch.Tensor, tolerance: Tolerance = EXACT) -> TensorMetrics:
     """Compare two tensors of the same shape. Different dtypes are compared by value (no ULP)."""
+    return measure(a, b, tolerance).metrics
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A tensor pair's metrics and, when asked for, whether each row (along dim 0) has an element
+    that fails the verdict's rule (bits that differ, or beyond the tolerance): per-token verdicts."""
+
+    metrics: TensorMetrics
+    rows_differ: np.ndarray | None = None
+
+
+def measure(a: torch.Tensor, b: torch.Tensor, tolerance: Tolerance = EXACT, *, by_rows: bool = False) -> Measured:
+    """:func:`compare_tensors`, and with ``by_rows`` the rows that differ, in the same pass: each
+    chunk is read once for every metric and the rows' verdicts."""
     if a.is_complex():
         a = torch.view_as_real(a.to(torch.complex64) if a.dtype == torch.complex32 else a)
     if b.is_complex():
         b = torch.view_as_real(b.to(torch.complex64) if b.dtype == torch.complex32 else b)
     if a.shape != b.shape:
         raise ValueError(f"shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}")
-    acc = _Accumulator(a.dtype, b.dtype, tolerance.at_scale(a, b))
+    rows = _Rows(a.shape[0], a[0].numel()) if by_rows and a.dim() else None
+    acc = _Accumulator(a.dtype, b.dtype, tolerance.at_scale(a, b), rows)
     a_flat, b_flat = a.reshape(-1), b.reshape(-1)
     # one dtype: the bit patterns compare (views of the whole tensors, sliced chunk by chunk)
     bits = (_bits(a_flat), _bits(b_flat)) if acc.same_dtype else None
@@ -301,9 +359,35 @@ def compare_tensors(a: torch.Tensor, b: torch.Tensor, tolerance: Tolerance = EXA
         end = start + CHUNK_ELEMENTS
         acc.add(a_flat[start:end], b_flat[start:end], start,
                 (bits[0][start:end], bits[1][start:end]) if bits is not None else None)
+    rows_differ = rows.differ if rows is not None else None
     if acc.same_dtype and acc.mismatched == 0:
-        return TensorMetrics(numel=a.numel(), bitwise_equal=True)
-    return acc.result(tuple(a.shape))
+        return Measured(TensorMetrics(numel=a.numel(), bitwise_equal=True), rows_differ)
+    return Measured(acc.result(tuple(a.shape)), rows_differ)
+
+
+class _Rows:
+    """Whether each row of ``width`` elements holds an element that fails, folded in from chunks of
+    the flat tensor (which start and end anywhere in a row)."""
+
+    def __init__(self, count: int, width: int):
+        self.width = width
+        self.differ = np.zeros(count, dtype=bool)
+
+    def add(self, fails: np.ndarray, offset: int) -> None:
+        """Fold in a chunk starting at flat element ``offset``; nonzero in ``fails`` fails."""
+        if not fails.size or not self.width:
+            return
+        first = offset // self.width
+        starts = np.arange((-offset) % self.width, fails.size, self.width)
+        if not starts.size or starts[0]:
+            starts = np.concatenate(([0], starts))   # the chunk starts inside a row
+        reduce = np.logical_or if fails.dtype == np.bool_ else np.bitwise_or
+        self.differ[first:first + starts.size] |= reduce.reduceat(fails, starts) != 0
+
+    def add_all(self, offset: int, size: int) -> None:
+        """Every row the chunk touches fails (tensors of two dtypes are never bitwise equal)."""
+        if size and self.width:
+            self.differ[offset // self.width:(offset + size - 1) // self.width + 1] = True
 
 
 class _Workspace(threading.local):
@@ -313,8 +397,8 @@ class _Workspace(threading.local):
     def array(self, name: str, dtype, n: int) -> np.ndarray:
         key = (name, np.dtype(dtype))
         buffers = self.__dict__.setdefault("buffers", {})
-        if key not in buffers:
-            buffers[key] = np.empty(CHUNK_ELEMENTS, dtype=dtype)
+        if key not in buffers or buffers[key].size < n:
+            buffers[key] = np.empty(max(n, CHUNK_ELEMENTS), dtype=dtype)
         return buffers[key][:n]
 
     def float32_of(self, name: str, t: torch.Tensor) -> np.ndarray:
@@ -466,7 +550,7 @@ def _fit(sums: list[float]) -> bool:
 class _Accumulator:
     """Folds chunk after chunk into one :class:`TensorMetrics`, with numpy (vectorised)."""
 
-    def __init__(self, dtype_a: torch.dtype, dtype_b: torch.dtype, tolerance: Tolerance):
+    def __init__(self, dtype_a: torch.dtype, dtype_b: torch.dtype, tolerance: Tolerance, rows: _Rows | None = None):
         self.dtype = dtype_a
         self.same_dtype = dtype_a == dtype_b
         self.float_ulp = self.same_dtype and dtype_a in FLOAT_BITS
@@ -475,6 +559,7 @@ class _Accumulator:
         self.ulp_defined = self.float_ulp or self.int_ulp
         self.wide = not self.same_dtype or not dtype_a.is_floating_point  # compare by value in float64
         self.tolerance = tolerance
+        self.rows = rows
         self.numel = self.mismatched = self.outside = self.nan_mismatch = self.valid = 0
         self.max_abs = self.sum_abs = self.max_rel = 0.0
         self.max_ulp = 0
@@ -545,8 +630,14 @@ class _Accumulator:
             self.magnitude = max(self.magnitude, float(scale.max()))
         if self.tolerance.exact:
             self.outside += n_differs
+            if self.rows is not None:
+                self._fold_rows_exact(flipped, offset, n)
         else:
-            self.outside += int(np.count_nonzero(beyond_tolerance(a_values, b_values, self.tolerance)))
+            beyond = _workspace.array("beyond", np.bool_, n)
+            _beyond_into(a_values, b_values, self.tolerance, beyond)
+            self.outside += int(np.count_nonzero(beyond))
+            if self.rows is not None:
+                self.rows.add(beyond, offset)
         if scale.min() < tiny:  # a check, as numpy's maximum against a scalar is three times slower than a min
             np.maximum(scale, tiny, out=scale)
         np.divide(diff, scale, out=scale)
@@ -573,7 +664,16 @@ class _Accumulator:
             np.abs(diff, out=diff)
         return diff
 
+    def _fold_rows_exact(self, flipped: np.ndarray | None, offset: int, n: int) -> None:
+        assert self.rows is not None
+        if flipped is None:
+            self.rows.add_all(offset, n)
+        else:
+            self.rows.add(flipped, offset)
+
     def _add_bits_only(self, differs: np.ndarray, n_differs: int, offset: int) -> None:
+        if self.rows is not None:
+            self.rows.add(differs, offset)
         self.mismatched += n_differs
         self.outside += n_differs
         self.valid += differs.size

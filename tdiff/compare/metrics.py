@@ -267,19 +267,19 @@ def _beyond_into(a: np.ndarray, b: np.ndarray, tolerance: Tolerance, out: np.nda
             np.subtract(a, b, out=difference, dtype=np.float64)
         np.abs(difference, out=difference)
     other = _workspace.array("tolerance_other", np.float64, n)
-    np.abs(a, out=bound, dtype=np.float64)
-    np.abs(b, out=other, dtype=np.float64)
-    np.maximum(bound, other, out=bound)
-    finite = n == 0 or math.isfinite(float(bound.max()))   # NaN propagates through maximum and max
-    with np.errstate(invalid="ignore", over="ignore"):
+    with np.errstate(invalid="ignore", over="ignore"):   # NaN; inf - inf
+        np.abs(a, out=bound, dtype=np.float64)
+        np.abs(b, out=other, dtype=np.float64)
+        np.maximum(bound, other, out=bound)
+        finite = n == 0 or math.isfinite(float(bound.max()))   # NaN propagates through maximum and max
         # rtol*max(|a|,|b|) is NaN or inf where an operand is infinite: those elements are settled below
         np.multiply(bound, tolerance.rtol or 0.0, out=bound)
         np.add(bound, tolerance.atol or 0.0, out=bound)
         np.greater(difference, bound, out=out)
     if finite:
         return
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
     with np.errstate(invalid="ignore"):
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
         out |= (np.isinf(a64) | np.isinf(b64)) & (a64 != b64)   # there the bound is infinite too
     nan_a, nan_b = np.isnan(a64), np.isnan(b64)
     out &= ~(nan_a | nan_b)
@@ -350,7 +350,7 @@ def measure(a: torch.Tensor, b: torch.Tensor, tolerance: Tolerance = EXACT, *, b
         b = torch.view_as_real(b.to(torch.complex64) if b.dtype == torch.complex32 else b)
     if a.shape != b.shape:
         raise ValueError(f"shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}")
-    rows = _Rows(a.shape[0], a[0].numel()) if by_rows and a.dim() else None
+    rows = _Rows(a.shape[0], math.prod(a.shape[1:])) if by_rows and a.dim() else None
     acc = _Accumulator(a.dtype, b.dtype, tolerance.at_scale(a, b), rows)
     a_flat, b_flat = a.reshape(-1), b.reshape(-1)
     # one dtype: the bit patterns compare (views of the whole tensors, sliced chunk by chunk)
@@ -584,9 +584,14 @@ class _Accumulator:
         # the tolerance rule sees the values as they are; integers keep their own (see beyond_tolerance)
         a_values, b_values = (a.numpy(), b.numpy()) if self.int_ulp else (av, bv)
         if n_differs == 0:
-            self.magnitude = max(self.magnitude, _max_magnitude(av))
-            self.squares.add_equal(av)
+            largest = max(abs(float(av.max())), abs(float(av.min()))) if av.size else 0.0
             self.valid += a.numel()
+            if not math.isfinite(largest):   # NaN or an infinity
+                largest = _max_magnitude(av)
+                # NaN on both sides is left out of mean_abs, as in a chunk that differs
+                self.valid -= int(np.count_nonzero(np.isnan(av)))
+            self.magnitude = max(self.magnitude, largest)
+            self.squares.add_equal(av)
             return
         self.mismatched += n_differs
         n = a.numel()
@@ -634,7 +639,10 @@ class _Accumulator:
                 self._fold_rows_exact(flipped, offset, n)
         else:
             beyond = _workspace.array("beyond", np.bool_, n)
-            _beyond_into(a_values, b_values, self.tolerance, beyond)
+            if valid is None and not self.int_ulp:
+                self._beyond_finite(av, bv, diff, scale, beyond)
+            else:
+                _beyond_into(a_values, b_values, self.tolerance, beyond)
             self.outside += int(np.count_nonzero(beyond))
             if self.rows is not None:
                 self.rows.add(beyond, offset)
@@ -652,6 +660,20 @@ class _Accumulator:
                                                           self.negative_zero_steps))
         elif self.int_ulp:
             self.max_ulp = max(self.max_ulp, int(largest))
+
+    def _beyond_finite(self, av: np.ndarray, bv: np.ndarray, diff: np.ndarray, scale: np.ndarray,
+                       out: np.ndarray) -> None:
+        """:func:`beyond_tolerance` of finite values, from their |a-b| and max(|a|, |b|) as already
+        computed: the rule in float64, as there (a float32 |a-b| is computed again in float64)."""
+        bound = _workspace.array("tolerance_bound", np.float64, av.size)
+        np.multiply(scale, self.tolerance.rtol or 0.0, out=bound, dtype=np.float64)
+        np.add(bound, self.tolerance.atol or 0.0, out=bound)
+        if diff.dtype != np.float64:
+            diff = _workspace.array("tolerance_difference", np.float64, av.size)
+            with np.errstate(over="ignore"):
+                np.subtract(av, bv, out=diff, dtype=np.float64)
+            np.abs(diff, out=diff)
+        np.greater(diff, bound, out=out)
 
     def _abs_difference(self, av: np.ndarray, bv: np.ndarray, a_values: np.ndarray, b_values: np.ndarray) -> np.ndarray:
         """|a-b| in a scratch array of the values' dtype; integers are differenced exactly."""

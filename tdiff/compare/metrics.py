@@ -1,6 +1,11 @@
 """Element-wise comparison of two tensors: bitwise, ULP, absolute/relative error, cosine.
 
-Pure functions on tensors; no I/O. Work is chunked so memory stays a small multiple of the inputs.
+Pure functions on tensors; no I/O. Work is chunked so memory stays a small multiple of the inputs,
+and each chunk is read once for every metric (and, with :func:`measure`'s ``by_rows``, the rows'
+verdicts; ``--ulp``'s scale, which the element rule needs first, is one pass more over the bit
+patterns): counts are summed as integers, maxima taken, sums accumulated in float64, so the result
+does not depend on where the chunks fall except in the last bits of sums (mean_abs, cosine) and in
+a chunk that float32 cannot difference (see below), computed in float64.
 
 Rules:
 - Bitwise equality compares raw bytes: NaN with the same bits is equal, +0 and -0 are not.
@@ -28,7 +33,9 @@ Rules:
 - Under a tolerance an element matches when |a-b| <= atol + rtol*max(|a|,|b|) + ulp*ulp(scale), the
   same whichever side is A, scale being the tensor pair's largest magnitude (``--ulp N``: within N
   ULPs at the tensor's scale, the "ULP at scale" metric below); +inf matches only +inf, -inf only
-  -inf, NaN only NaN (any payload).
+  -inf, NaN only NaN (any payload). The rule is evaluated in float64 (integers differenced
+  exactly), for the count of a tensor as for its per-token verdicts: float32's rounding of |a-b|
+  or of the bound would move elements across it (float32's 0.1 is above 0.1).
 - Integers and bool: the ULP distance is the integer difference.
 - ULP at scale: max |a-b| in units of the ULP at the tensor's largest magnitude (max |x| over the
   finite elements of both sides), ``max_abs / ulp(max|x|)``. Raw ULP counts every representable

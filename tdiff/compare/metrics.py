@@ -75,6 +75,11 @@ _SCALED_EXPONENT = 190   # scaled values stay below 2^190: their squares below 2
 # a chunk's sum of squares (in its dtype) below this is summed again, scaled: float32 squares of
 # values under 2^-63 are subnormal or 0
 _SQUARES_FLOOR = 2.0 ** -100
+# the tolerance rule judged in float32 (_Accumulator._beyond_finite): |a-b| and the bound are each
+# within 4 float32 roundings (2^-22) of the float64 ones, and underflow moves them by under 2^-148
+_MARGIN = 2.0 ** -20
+_TINY_MARGIN = 2.0 ** -140
+_FLOAT32_SAFE = 2.0 ** 100   # an atol or rtol above this is judged in float64 (float32 overflows)
 
 
 @dataclass(frozen=True)
@@ -671,16 +676,24 @@ class _Accumulator:
     def _beyond_finite(self, av: np.ndarray, bv: np.ndarray, diff: np.ndarray, scale: np.ndarray,
                        out: np.ndarray) -> None:
         """:func:`beyond_tolerance` of finite values, from their |a-b| and max(|a|, |b|) as already
-        computed: the rule in float64, as there (a float32 |a-b| is computed again in float64)."""
-        bound = _workspace.array("tolerance_bound", np.float64, av.size)
-        np.multiply(scale, self.tolerance.rtol or 0.0, out=bound, dtype=np.float64)
-        np.add(bound, self.tolerance.atol or 0.0, out=bound)
-        if diff.dtype != np.float64:
-            diff = _workspace.array("tolerance_difference", np.float64, av.size)
-            with np.errstate(over="ignore"):
-                np.subtract(av, bv, out=diff, dtype=np.float64)
-            np.abs(diff, out=diff)
-        np.greater(diff, bound, out=out)
+        computed. Float64 values are judged as there. Float32 ones are judged in float32 against
+        two bounds, one above and one below the float64 bound by more than float32's rounding of
+        |a-b| and of the bound can move them: beyond the upper is beyond, within the lower is
+        within, and only the elements between (next to none) are judged again in float64."""
+        atol, rtol = self.tolerance.atol or 0.0, self.tolerance.rtol or 0.0
+        if diff.dtype == np.float64 or max(atol, rtol) > _FLOAT32_SAFE:
+            _beyond_into(av, bv, self.tolerance, out)
+            return
+        bound = _workspace.array("tolerance_bound32", np.float32, av.size)
+        maybe = _workspace.array("tolerance_maybe", np.bool_, av.size)
+        with np.errstate(over="ignore"):   # a bound past float32's max is past every |a-b| too
+            for sign, beyond in ((1, out), (-1, maybe)):   # beyond the upper bound, then the lower
+                np.multiply(scale, np.float32(rtol * (1 + sign * _MARGIN)), out=bound)
+                np.add(bound, np.float32(atol * (1 + sign * _MARGIN) + sign * _TINY_MARGIN), out=bound)
+                np.greater(diff, bound, out=beyond)
+        if np.count_nonzero(maybe) != np.count_nonzero(out):   # out implies maybe
+            unsure = np.flatnonzero(maybe & ~out)
+            out[unsure] = beyond_tolerance(av[unsure], bv[unsure], self.tolerance)
 
     def _abs_difference(self, av: np.ndarray, bv: np.ndarray, a_values: np.ndarray, b_values: np.ndarray) -> np.ndarray:
         """|a-b| in a scratch array of the values' dtype; integers are differenced exactly."""

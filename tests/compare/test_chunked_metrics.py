@@ -180,3 +180,32 @@ def test_rows_without_elements_never_differ():
     a, b = torch.zeros(3, 0), torch.ones(3, 0)
     assert measure(a, b, by_rows=True).rows_differ.tolist() == [False, False, False]
     assert measure(torch.zeros(0, 4), torch.ones(0, 4), by_rows=True).rows_differ.tolist() == []
+
+
+finite_floats = {torch.float32: st.floats(width=32, allow_nan=False, allow_infinity=False),
+                 torch.bfloat16: st.floats(width=32, allow_nan=False, allow_infinity=False, min_value=-2.0 ** 126,
+                                           max_value=2.0 ** 126),
+                 torch.float16: st.floats(width=16, allow_nan=False, allow_infinity=False)}
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(list(finite_floats)), st.data(), st.sampled_from(["atol", "rtol"]),
+       st.sampled_from([0.0, 2.0 ** -52, 2.0 ** -30, 2.0 ** -24, 2.0 ** -22, 2.0 ** -20, 2.0 ** -18]),
+       st.sampled_from([-1, 1]))
+def test_elements_at_the_bound_are_judged_as_in_float64(dtype, data, kind, nudge, sign):
+    """|a-b| within float32's rounding of the bound: the float32 decision must not decide these."""
+    xs = data.draw(st.lists(finite_floats[dtype], min_size=1, max_size=5))
+    ys = data.draw(st.lists(finite_floats[dtype], min_size=len(xs), max_size=len(xs)))
+    a, b = torch.tensor(xs).to(dtype).reshape(1, -1), torch.tensor(ys).to(dtype).reshape(1, -1)
+    x, y = a[0, 0].item(), b[0, 0].item()
+    distance, largest = abs(x - y), max(abs(x), abs(y))
+    if kind == "atol":
+        tolerance = Tolerance(atol=distance * (1 + sign * nudge), rtol=0.0)
+    elif largest:
+        tolerance = Tolerance(atol=0.0, rtol=distance / largest * (1 + sign * nudge))
+    else:
+        return
+    expected = reference(a, b, tolerance)
+    result = measured(a, b, tolerance, 2)
+    assert result.metrics.outside_tolerance == (expected["outside_tolerance"] if not result.metrics.bitwise_equal else 0)
+    assert result.rows_differ.tolist() == expected["rows_differ"]

@@ -236,15 +236,19 @@ def _tensor_magnitude(t: torch.Tensor) -> float:
 
 
 def _largest_magnitude_bits(t: torch.Tensor) -> float | None:
-    """max |x| of a float tensor read off its bit patterns without the sign, whose integer order
-    is the magnitudes' (in the tensor's own width: no conversion to float); None where the largest
-    pattern is an infinity or NaN (they sort above every finite magnitude), left to the values."""
-    bits, largest = bits_of(t.reshape(-1)).numpy(), 0
-    magnitude = (1 << (t.element_size() * 8 - 1)) - 1
-    scratch = _workspace.array("magnitude_bits", bits.dtype, min(bits.size, CHUNK_ELEMENTS))
-    for start in range(0, bits.size, CHUNK_ELEMENTS):
-        chunk = bits[start:start + CHUNK_ELEMENTS]
-        largest = max(largest, int(np.bitwise_and(chunk, magnitude, out=scratch[:chunk.size]).max()))
+    """max |x| of a float tensor read off its bit patterns, whose integer order is the magnitudes'
+    (no conversion to float, no pass that writes): the largest signed pattern is the largest
+    non-negative value's, the largest unsigned one the largest negative value's (sign bit set).
+    None where the largest is an infinity or NaN (they sort above every finite magnitude), left to
+    the values."""
+    signed = bits_of(t.reshape(-1)).numpy()
+    unsigned = signed.view(signed.dtype.str.replace("i", "u"))
+    sign_bit = 1 << (t.element_size() * 8 - 1)
+    largest = 0
+    for start in range(0, signed.size, CHUNK_ELEMENTS):
+        positive = int(signed[start:start + CHUNK_ELEMENTS].max())
+        negative = int(unsigned[start:start + CHUNK_ELEMENTS].max()) - sign_bit
+        largest = max(largest, positive, negative)
     value = float(torch.tensor([largest], dtype=FLOAT_BITS[t.dtype]).view(t.dtype).to(torch.float64))
     return value if math.isfinite(value) else None
 

@@ -11,10 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from tdiff.compare.distributed import map_over_processes, torchrun_world
-from tdiff.compare.metrics import EXACT, ReportedMetrics, TensorMetrics, Tolerance, compare_tensors, json_number
+from tdiff.compare.metrics import EXACT, ReportedMetrics, TensorMetrics, Tolerance, json_number, measure
 from tdiff.compare.pairing import NameFilter, NamePairing, Pair, Pairing, Side, keep_uncompared, pair_layer
 from tdiff.compare.parallel import map_in_order, map_until_error
 from tdiff.compare.result import CompareResult, DumpSide, TensorVerdict, status_counts
@@ -225,15 +226,20 @@ class PairComparator:
             return self._result(pair, *self._measured[cache_key])
         ta, tb = self._load(pair.a, 0), self._load(pair.b, 1)
         verdict: tuple[str, TensorMetrics | None, str | None]
-        tokens = token_verdict(ta, tb, pair.tokens, self.tolerance) \
-            if pair.tokens is not None and ta.shape == tb.shape else None
+        tokens = None
         if cache_key is not None and _same_verified_fingerprint(ra, rb):
             # loading checked both tensors against their fingerprints: equal ones are equal bits
             verdict = ("match", TensorMetrics(numel=ta.numel(), bitwise_equal=True), None)
+            if pair.tokens is not None and ta.shape == tb.shape:
+                tokens = token_verdict(np.zeros(len(pair.tokens.refs), dtype=bool), pair.tokens)
         elif ta.shape != tb.shape:
             verdict = ("shape_mismatch", None, shape_mismatch(ta.shape, tb.shape))
         else:
-            metrics = compare_tensors(ta, tb, self.tolerance)
+            # the metrics and the per-token verdicts in one pass over the pair
+            measured = measure(ta, tb, self.tolerance, by_rows=pair.tokens is not None)
+            metrics = measured.metrics
+            if pair.tokens is not None and measured.rows_differ is not None:
+                tokens = token_verdict(measured.rows_differ, pair.tokens)
             if ta.dtype != tb.dtype:
                 verdict = ("dtype_mismatch", metrics, f"dtype {_dtype(ta)} vs {_dtype(tb)}")
             else:

@@ -1,6 +1,11 @@
 """Element-wise comparison of two tensors: bitwise, ULP, absolute/relative error, cosine.
 
-Pure functions on tensors; no I/O. Work is chunked so memory stays a small multiple of the inputs.
+Pure functions on tensors; no I/O. Work is chunked so memory stays a small multiple of the inputs,
+and each chunk is read once for every metric (and, with :func:`measure`'s ``by_rows``, the rows'
+verdicts; ``--ulp``'s scale, which the element rule needs first, is one pass more over the bit
+patterns): counts are summed as integers, maxima taken, sums accumulated in float64, so the result
+does not depend on where the chunks fall except in the last bits of sums (mean_abs, cosine) and in
+a chunk that float32 cannot difference (see below), computed in float64.
 
 Rules:
 - Bitwise equality compares raw bytes: NaN with the same bits is equal, +0 and -0 are not.
@@ -28,7 +33,9 @@ Rules:
 - Under a tolerance an element matches when |a-b| <= atol + rtol*max(|a|,|b|) + ulp*ulp(scale), the
   same whichever side is A, scale being the tensor pair's largest magnitude (``--ulp N``: within N
   ULPs at the tensor's scale, the "ULP at scale" metric below); +inf matches only +inf, -inf only
-  -inf, NaN only NaN (any payload).
+  -inf, NaN only NaN (any payload). The rule is evaluated in float64 (integers differenced
+  exactly), for the count of a tensor as for its per-token verdicts: float32's rounding of |a-b|
+  or of the bound would move elements across it (float32's 0.1 is above 0.1).
 - Integers and bool: the ULP distance is the integer difference.
 - ULP at scale: max |a-b| in units of the ULP at the tensor's largest magnitude (max |x| over the
   finite elements of both sides), ``max_abs / ulp(max|x|)``. Raw ULP counts every representable
@@ -68,6 +75,11 @@ _SCALED_EXPONENT = 190   # scaled values stay below 2^190: their squares below 2
 # a chunk's sum of squares (in its dtype) below this is summed again, scaled: float32 squares of
 # values under 2^-63 are subnormal or 0
 _SQUARES_FLOOR = 2.0 ** -100
+# the tolerance rule judged in float32 (_Accumulator._beyond_finite): |a-b| and the bound are each
+# within 4 float32 roundings (2^-22) of the float64 ones, and underflow moves them by under 2^-148
+_MARGIN = 2.0 ** -20
+_TINY_MARGIN = 2.0 ** -140
+_FLOAT32_SAFE = 2.0 ** 100   # an atol or rtol above this is judged in float64 (float32 overflows)
 
 
 @dataclass(frozen=True)
@@ -211,12 +223,34 @@ def _tensor_magnitude(t: torch.Tensor) -> float:
     """max |x| over the finite elements, chunk by chunk."""
     if t.is_complex():
         t = torch.view_as_real(t.to(torch.complex64) if t.dtype == torch.complex32 else t)
+    if t.dtype in FLOAT_BITS and t.numel():
+        largest_bits = _largest_magnitude_bits(t)
+        if largest_bits is not None:
+            return largest_bits
     flat, largest = t.reshape(-1), 0.0
     for start in range(0, flat.numel(), CHUNK_ELEMENTS):
         values = _values(flat[start:start + CHUNK_ELEMENTS], not t.is_floating_point(), "scale_of")
         if values is not None:
             largest = max(largest, _max_magnitude(values))
     return largest
+
+
+def _largest_magnitude_bits(t: torch.Tensor) -> float | None:
+    """max |x| of a float tensor read off its bit patterns, whose integer order is the magnitudes'
+    (no conversion to float, no pass that writes): the largest signed pattern is the largest
+    non-negative value's, the largest unsigned one the largest negative value's (sign bit set).
+    None where the largest is an infinity or NaN (they sort above every finite magnitude), left to
+    the values."""
+    signed = bits_of(t.reshape(-1)).numpy()
+    unsigned = signed.view(signed.dtype.str.replace("i", "u"))
+    sign_bit = 1 << (t.element_size() * 8 - 1)
+    largest = 0
+    for start in range(0, signed.size, CHUNK_ELEMENTS):
+        positive = int(signed[start:start + CHUNK_ELEMENTS].max())
+        negative = int(unsigned[start:start + CHUNK_ELEMENTS].max()) - sign_bit
+        largest = max(largest, positive, negative)
+    value = float(torch.tensor([largest], dtype=FLOAT_BITS[t.dtype]).view(t.dtype).to(torch.float64))
+    return value if math.isfinite(value) else None
 
 
 @functools.cache
@@ -229,19 +263,43 @@ def _epsilon(dtype: torch.dtype) -> float:
 
 def beyond_tolerance(a: np.ndarray, b: np.ndarray, tolerance: Tolerance) -> np.ndarray:
     """Where |a-b| > atol + rtol*max(|a|,|b|) (boolean, element-wise): the tolerance rule, symmetric
-    in a and b. An infinity is within only of the same infinity, a NaN only of a NaN. Integer
-    arrays (both) are differenced exactly (see :func:`integer_abs_difference`)."""
+    in a and b. An infinity is within only of the same infinity, a NaN only of a NaN. Floats are
+    judged in float64 (float32's rounding of |a-b| or of the bound would move elements across
+    it); integer arrays (both) are differenced exactly (see :func:`integer_abs_difference`)."""
+    out = np.empty(a.shape, dtype=bool)
+    _beyond_into(a.reshape(-1), b.reshape(-1), tolerance, out.reshape(-1))
+    return out
+
+
+def _beyond_into(a: np.ndarray, b: np.ndarray, tolerance: Tolerance, out: np.ndarray) -> None:
+    """:func:`beyond_tolerance` of flat arrays into ``out``, in per-thread scratch arrays."""
+    n = a.size
+    difference = _workspace.array("tolerance_difference", np.float64, n)
+    bound = _workspace.array("tolerance_bound", np.float64, n)
     if a.dtype.kind in "iub" and b.dtype.kind in "iub":
-        difference = integer_abs_difference(a, b)
-        a, b = a.astype(np.float64), b.astype(np.float64)
+        difference[:] = integer_abs_difference(a, b)
     else:
         with np.errstate(invalid="ignore", over="ignore"):
-            difference = np.abs(a - b)
-    with np.errstate(invalid="ignore", over="ignore"):
-        beyond = difference > (tolerance.atol or 0.0) + (tolerance.rtol or 0.0) * np.maximum(np.abs(a), np.abs(b))
-        beyond |= (np.isinf(a) | np.isinf(b)) & (a != b)   # there the bound is infinite too
-    nan_a, nan_b = np.isnan(a), np.isnan(b)
-    return (beyond & ~(nan_a | nan_b)) | (nan_a ^ nan_b)
+            np.subtract(a, b, out=difference, dtype=np.float64)
+        np.abs(difference, out=difference)
+    other = _workspace.array("tolerance_other", np.float64, n)
+    with np.errstate(invalid="ignore", over="ignore"):   # NaN; inf - inf
+        np.abs(a, out=bound, dtype=np.float64)
+        np.abs(b, out=other, dtype=np.float64)
+        np.maximum(bound, other, out=bound)
+        finite = n == 0 or math.isfinite(float(bound.max()))   # NaN propagates through maximum and max
+        # rtol*max(|a|,|b|) is NaN or inf where an operand is infinite: those elements are settled below
+        np.multiply(bound, tolerance.rtol or 0.0, out=bound)
+        np.add(bound, tolerance.atol or 0.0, out=bound)
+        np.greater(difference, bound, out=out)
+    if finite:
+        return
+    with np.errstate(invalid="ignore"):
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+        out |= (np.isinf(a64) | np.isinf(b64)) & (a64 != b64)   # there the bound is infinite too
+    nan_a, nan_b = np.isnan(a64), np.isnan(b64)
+    out &= ~(nan_a | nan_b)
+    out |= nan_a ^ nan_b
 
 
 def integer_abs_difference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -287,13 +345,29 @@ def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def compare_tensors(a: torch.Tensor, b: torch.Tensor, tolerance: Tolerance = EXACT) -> TensorMetrics:
     """Compare two tensors of the same shape. Different dtypes are compared by value (no ULP)."""
+    return measure(a, b, tolerance).metrics
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A tensor pair's metrics and, when asked for, whether each row (along dim 0) has an element
+    that fails the verdict's rule (bits that differ, or beyond the tolerance): per-token verdicts."""
+
+    metrics: TensorMetrics
+    rows_differ: np.ndarray | None = None
+
+
+def measure(a: torch.Tensor, b: torch.Tensor, tolerance: Tolerance = EXACT, *, by_rows: bool = False) -> Measured:
+    """:func:`compare_tensors`, and with ``by_rows`` the rows that differ, in the same pass: each
+    chunk is read once for every metric and the rows' verdicts."""
     if a.is_complex():
         a = torch.view_as_real(a.to(torch.complex64) if a.dtype == torch.complex32 else a)
     if b.is_complex():
         b = torch.view_as_real(b.to(torch.complex64) if b.dtype == torch.complex32 else b)
     if a.shape != b.shape:
         raise ValueError(f"shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}")
-    acc = _Accumulator(a.dtype, b.dtype, tolerance.at_scale(a, b))
+    rows = _Rows(a.shape[0], math.prod(a.shape[1:])) if by_rows and a.dim() else None
+    acc = _Accumulator(a.dtype, b.dtype, tolerance.at_scale(a, b), rows)
     a_flat, b_flat = a.reshape(-1), b.reshape(-1)
     # one dtype: the bit patterns compare (views of the whole tensors, sliced chunk by chunk)
     bits = (_bits(a_flat), _bits(b_flat)) if acc.same_dtype else None
@@ -301,9 +375,35 @@ def compare_tensors(a: torch.Tensor, b: torch.Tensor, tolerance: Tolerance = EXA
         end = start + CHUNK_ELEMENTS
         acc.add(a_flat[start:end], b_flat[start:end], start,
                 (bits[0][start:end], bits[1][start:end]) if bits is not None else None)
+    rows_differ = rows.differ if rows is not None else None
     if acc.same_dtype and acc.mismatched == 0:
-        return TensorMetrics(numel=a.numel(), bitwise_equal=True)
-    return acc.result(tuple(a.shape))
+        return Measured(TensorMetrics(numel=a.numel(), bitwise_equal=True), rows_differ)
+    return Measured(acc.result(tuple(a.shape)), rows_differ)
+
+
+class _Rows:
+    """Whether each row of ``width`` elements holds an element that fails, folded in from chunks of
+    the flat tensor (which start and end anywhere in a row)."""
+
+    def __init__(self, count: int, width: int):
+        self.width = width
+        self.differ = np.zeros(count, dtype=bool)
+
+    def add(self, fails: np.ndarray, offset: int) -> None:
+        """Fold in a chunk starting at flat element ``offset``; nonzero in ``fails`` fails."""
+        if not fails.size or not self.width:
+            return
+        first = offset // self.width
+        starts = np.arange((-offset) % self.width, fails.size, self.width)
+        if not starts.size or starts[0]:
+            starts = np.concatenate(([0], starts))   # the chunk starts inside a row
+        reduce = np.logical_or if fails.dtype == np.bool_ else np.bitwise_or
+        self.differ[first:first + starts.size] |= reduce.reduceat(fails, starts) != 0
+
+    def add_all(self, offset: int, size: int) -> None:
+        """Every row the chunk touches fails (tensors of two dtypes are never bitwise equal)."""
+        if size and self.width:
+            self.differ[offset // self.width:(offset + size - 1) // self.width + 1] = True
 
 
 class _Workspace(threading.local):
@@ -313,8 +413,8 @@ class _Workspace(threading.local):
     def array(self, name: str, dtype, n: int) -> np.ndarray:
         key = (name, np.dtype(dtype))
         buffers = self.__dict__.setdefault("buffers", {})
-        if key not in buffers:
-            buffers[key] = np.empty(CHUNK_ELEMENTS, dtype=dtype)
+        if key not in buffers or buffers[key].size < n:
+            buffers[key] = np.empty(max(n, CHUNK_ELEMENTS), dtype=dtype)
         return buffers[key][:n]
 
     def float32_of(self, name: str, t: torch.Tensor) -> np.ndarray:
@@ -466,7 +566,7 @@ def _fit(sums: list[float]) -> bool:
 class _Accumulator:
     """Folds chunk after chunk into one :class:`TensorMetrics`, with numpy (vectorised)."""
 
-    def __init__(self, dtype_a: torch.dtype, dtype_b: torch.dtype, tolerance: Tolerance):
+    def __init__(self, dtype_a: torch.dtype, dtype_b: torch.dtype, tolerance: Tolerance, rows: _Rows | None = None):
         self.dtype = dtype_a
         self.same_dtype = dtype_a == dtype_b
         self.float_ulp = self.same_dtype and dtype_a in FLOAT_BITS
@@ -475,6 +575,7 @@ class _Accumulator:
         self.ulp_defined = self.float_ulp or self.int_ulp
         self.wide = not self.same_dtype or not dtype_a.is_floating_point  # compare by value in float64
         self.tolerance = tolerance
+        self.rows = rows
         self.numel = self.mismatched = self.outside = self.nan_mismatch = self.valid = 0
         self.max_abs = self.sum_abs = self.max_rel = 0.0
         self.max_ulp = 0
@@ -499,9 +600,14 @@ class _Accumulator:
         # the tolerance rule sees the values as they are; integers keep their own (see beyond_tolerance)
         a_values, b_values = (a.numpy(), b.numpy()) if self.int_ulp else (av, bv)
         if n_differs == 0:
-            self.magnitude = max(self.magnitude, _max_magnitude(av))
-            self.squares.add_equal(av)
+            largest = max(abs(float(av.max())), abs(float(av.min()))) if av.size else 0.0
             self.valid += a.numel()
+            if not math.isfinite(largest):   # NaN or an infinity
+                largest = _max_magnitude(av)
+                # NaN on both sides is left out of mean_abs, as in a chunk that differs
+                self.valid -= int(np.count_nonzero(np.isnan(av)))
+            self.magnitude = max(self.magnitude, largest)
+            self.squares.add_equal(av)
             return
         self.mismatched += n_differs
         n = a.numel()
@@ -545,8 +651,17 @@ class _Accumulator:
             self.magnitude = max(self.magnitude, float(scale.max()))
         if self.tolerance.exact:
             self.outside += n_differs
+            if self.rows is not None:
+                self._fold_rows_exact(flipped, offset, n)
         else:
-            self.outside += int(np.count_nonzero(beyond_tolerance(a_values, b_values, self.tolerance)))
+            beyond = _workspace.array("beyond", np.bool_, n)
+            if valid is None and not self.int_ulp:
+                self._beyond_finite(av, bv, diff, scale, beyond)
+            else:
+                _beyond_into(a_values, b_values, self.tolerance, beyond)
+            self.outside += int(np.count_nonzero(beyond))
+            if self.rows is not None:
+                self.rows.add(beyond, offset)
         if scale.min() < tiny:  # a check, as numpy's maximum against a scalar is three times slower than a min
             np.maximum(scale, tiny, out=scale)
         np.divide(diff, scale, out=scale)
@@ -562,6 +677,28 @@ class _Accumulator:
         elif self.int_ulp:
             self.max_ulp = max(self.max_ulp, int(largest))
 
+    def _beyond_finite(self, av: np.ndarray, bv: np.ndarray, diff: np.ndarray, scale: np.ndarray,
+                       out: np.ndarray) -> None:
+        """:func:`beyond_tolerance` of finite values, from their |a-b| and max(|a|, |b|) as already
+        computed. Float64 values are judged as there. Float32 ones are judged in float32 against
+        two bounds, one above and one below the float64 bound by more than float32's rounding of
+        |a-b| and of the bound can move them: beyond the upper is beyond, within the lower is
+        within, and only the elements between (next to none) are judged again in float64."""
+        atol, rtol = self.tolerance.atol or 0.0, self.tolerance.rtol or 0.0
+        if diff.dtype == np.float64 or max(atol, rtol) > _FLOAT32_SAFE:
+            _beyond_into(av, bv, self.tolerance, out)
+            return
+        bound = _workspace.array("tolerance_bound32", np.float32, av.size)
+        maybe = _workspace.array("tolerance_maybe", np.bool_, av.size)
+        with np.errstate(over="ignore"):   # a bound past float32's max is past every |a-b| too
+            for sign, beyond in ((1, out), (-1, maybe)):   # beyond the upper bound, then the lower
+                np.multiply(scale, np.float32(rtol * (1 + sign * _MARGIN)), out=bound)
+                np.add(bound, np.float32(atol * (1 + sign * _MARGIN) + sign * _TINY_MARGIN), out=bound)
+                np.greater(diff, bound, out=beyond)
+        if np.count_nonzero(maybe) != np.count_nonzero(out):   # out implies maybe
+            unsure = np.flatnonzero(maybe & ~out)
+            out[unsure] = beyond_tolerance(av[unsure], bv[unsure], self.tolerance)
+
     def _abs_difference(self, av: np.ndarray, bv: np.ndarray, a_values: np.ndarray, b_values: np.ndarray) -> np.ndarray:
         """|a-b| in a scratch array of the values' dtype; integers are differenced exactly."""
         diff = _workspace.array("diff", av.dtype, av.size)
@@ -573,7 +710,16 @@ class _Accumulator:
             np.abs(diff, out=diff)
         return diff
 
+    def _fold_rows_exact(self, flipped: np.ndarray | None, offset: int, n: int) -> None:
+        assert self.rows is not None
+        if flipped is None:
+            self.rows.add_all(offset, n)
+        else:
+            self.rows.add(flipped, offset)
+
     def _add_bits_only(self, differs: np.ndarray, n_differs: int, offset: int) -> None:
+        if self.rows is not None:
+            self.rows.add(differs, offset)
         self.mismatched += n_differs
         self.outside += n_differs
         self.valid += differs.size

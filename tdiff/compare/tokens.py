@@ -68,9 +68,9 @@ class TokenVerdict:
                    only_a=data["only_a"], only_b=data["only_b"])
 
 
-def token_verdict(a: torch.Tensor, b: torch.Tensor, tokens: TokenRows, tolerance: Tolerance) -> TokenVerdict:
-    """The verdict per row of two tensors of one shape whose rows are ``tokens``."""
-    differs = differing_rows(a, b, tolerance)
+def token_verdict(differs: np.ndarray, tokens: TokenRows) -> TokenVerdict:
+    """The verdict of a pair whose rows are ``tokens``, given the rows that differ
+    (:func:`differing_rows`, or tdiff.compare.metrics.measure's ``rows_differ``)."""
     differing = [tokens.refs[i] for i in np.flatnonzero(differs)]
     first = min(differing, key=lambda t: (t.position, t.seq_a)) if differing else None
     return TokenVerdict(compared=len(tokens.refs), equal=len(tokens.refs) - len(differing), first_differing=first,

@@ -19,7 +19,7 @@ def init_megatron(tensor_parallel: int = 1, *, rank: int = 0, world_size: int = 
         init = "env://" if world_size > 1 else f"tcp://127.0.0.1:{port or free_port()}"
         dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world_size)
     # Megatron asks torch.cuda for the current device in RoPE, linear layers and attention
-    torch.cuda.current_device = lambda: "cpu"
+    setattr(torch.cuda, "current_device", lambda: "cpu")  # noqa: B010 (mypy: torch declares it returns an int)
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import initialize_rng_tracker
 

@@ -32,7 +32,7 @@ def _start_capture(config: CaptureConfig) -> None:
 
     from tdiff.hooks.capture import Capture
 
-    capture = Capture(config.out, **config.capture_options(), launched=True).start()
+    capture = Capture(config.out, config.options, graft=config.graft, launched=True).start()
     atexit.register(capture.stop)
     _stop_on_sigterm(capture)
 

@@ -2,8 +2,9 @@
 
 What `tdiff capture`, bisect's runs, `tdiff patch try`'s trials and `tdiff patch apply` share: the
 capture configuration every process of the command reads from its environment
-(:class:`CaptureConfig`, written by :meth:`~CaptureConfig.to_env`, read back by
-:meth:`~CaptureConfig.from_env` in tdiff.child_startup), the run itself (:func:`run_command`), and
+(:class:`CaptureConfig`: the dump, its :class:`~tdiff.capture_options.CaptureOptions` and bisect's
+graft, written by :meth:`~CaptureConfig.to_env`, read back by :meth:`~CaptureConfig.from_env` in
+tdiff.child_startup), the run itself (:func:`run_command`), and
 what its end means (:func:`exit_status`, :func:`failure`).
 
 Light at import (no torch): every Python process such a command starts imports it.
@@ -19,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tdiff.bootstrap import CAPTURE_ENV, PATCHES_ENV, child_environment
+from tdiff.capture_options import CaptureOptions
 from tdiff.errors import TdiffError
 from tdiff.store.manifest import create_dump, describe_exit, update_dump_info
 
@@ -40,34 +42,25 @@ class GraftSpec:
 
 @dataclass(frozen=True)
 class CaptureConfig:
-    """The capture each Python process of a command makes into dump ``out``: the options of
-    tdiff.hooks.capture.Capture. A field left None takes the capture's own default."""
+    """The capture each Python process of a command makes into dump ``out``, with ``options``
+    (and, for bisect --graft, the inputs one call is given)."""
 
     out: Path
-    side: str
-    mode: str
-    storage: str = "safetensors"
-    select: tuple[str, ...] = ()
-    exclude: tuple[str, ...] = ()
-    layers: str | None = None                # ranges, as the user wrote them
-    steps: str | None = None
-    batch_row: int | None = None
-    max_pending_bytes: int | None = None
-    graph_budget_bytes: int | None = None
+    options: CaptureOptions
     graft: GraftSpec | None = None
-    ops: tuple[str, ...] = ()                # module paths whose forwards' ATen ops are recorded
-    params: bool | None = None               # store each recorded module's parameters (--params)
 
-    def capture_options(self) -> dict:
-        """Keyword arguments of ``Capture(self.out, ...)``."""
-        options = asdict(self)
-        del options["out"]
-        return {key: value for key, value in options.items() if value is not None}
+    @property
+    def side(self) -> str:
+        return self.options.side_of(Path(self.out))
 
     def to_env(self) -> dict[str, str]:
-        """The environment variables that arm this capture in a child process. ``out`` is made
-        absolute: the command's processes may run elsewhere."""
-        return {CAPTURE_ENV: json.dumps({**self.capture_options(), "out": str(Path(self.out).resolve())})}
+        """The environment variables that arm this capture in a child process: every option by
+        its name, ``out`` (made absolute: the command's processes may run elsewhere) and
+        ``graft``."""
+        payload = {**self.options.to_json(), "out": str(Path(self.out).resolve())}
+        if self.graft is not None:
+            payload["graft"] = asdict(self.graft)
+        return {CAPTURE_ENV: json.dumps(payload)}
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> CaptureConfig | None:
@@ -76,10 +69,9 @@ class CaptureConfig:
         if not text:
             return None
         payload = json.loads(text)
-        graft = payload.pop("graft", None)
-        return cls(out=Path(payload.pop("out")), select=tuple(payload.pop("select", ())),
-                   exclude=tuple(payload.pop("exclude", ())), ops=tuple(payload.pop("ops", ())),
-                   graft=GraftSpec(**graft) if graft is not None else None, **payload)
+        out, graft = Path(payload.pop("out")), payload.pop("graft", None)
+        return cls(out=out, options=CaptureOptions.from_json(payload),
+                   graft=GraftSpec(**graft) if graft is not None else None)
 
 
 def patches_env(patches: dict) -> dict[str, str]:
@@ -98,8 +90,8 @@ def run_command(command: Sequence[str], *, capture: CaptureConfig | None = None,
     """
     variables: dict[str, str] = {}
     if capture is not None:
-        create_dump(capture.out, {"side": capture.side, "mode": capture.mode, "storage": capture.storage,
-                                  "command": list(command)})
+        create_dump(capture.out, {"side": capture.side, "mode": capture.options.mode,
+                                  "storage": capture.options.storage, "command": list(command)})
         variables.update(capture.to_env())
     if patches is not None:
         variables.update(patches_env(patches))

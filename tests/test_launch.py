@@ -2,45 +2,50 @@
 
 import json
 import sys
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
 
 from tdiff.bootstrap import CAPTURE_ENV
+from tdiff.capture_options import CaptureOptions
 from tdiff.errors import TdiffError
 from tdiff.launch import TAIL_CHARS, CaptureConfig, GraftSpec, exit_status, failure, log_tail, run_command
 from tdiff.store import open_dump
 from tdiff.store.manifest import DUMP_FILE
 
-EVERY_FIELD = CaptureConfig(out=Path("dumps/b"), side="B2", mode="stats", storage="h5", select=("^a$", "b"),
-                            exclude=("c",), layers="0-3,7", steps="1", batch_row=2, max_pending_bytes=1 << 20,
-                            graph_budget_bytes=3 << 20, ops=(r"^m\.layers\.1$",),
-                            graft=GraftSpec(dump="/d/a", module="m.layers.1", module_b="m.layers.1", step=1, call=0))
+EVERY_FIELD = CaptureConfig(
+    out=Path("dumps/b"),
+    options=CaptureOptions(side="B2", mode="stats", storage="h5", select=("^a$", "b"), exclude=("c",),
+                           layers="0-3,7", steps="1", batch_row=2, max_pending_bytes=1 << 20,
+                           graph_budget_bytes=3 << 20, ops=(r"^m\.layers\.1$",), params=True, force=True,
+                           shard_bytes=5 << 20),
+    graft=GraftSpec(dump="/d/a", module="m.layers.1", module_b="m.layers.1", step=1, call=0))
 
 
 def test_every_field_round_trips_through_the_environment_with_out_made_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     read = CaptureConfig.from_env(EVERY_FIELD.to_env())
     assert read.out == tmp_path / "dumps" / "b"
-    assert read == CaptureConfig(**{**vars(EVERY_FIELD), "out": tmp_path / "dumps" / "b"})
+    assert read == replace(EVERY_FIELD, out=tmp_path / "dumps" / "b")
 
 
-def test_fields_left_to_the_capture_stay_out_of_the_environment(tmp_path):
-    config = CaptureConfig(out=tmp_path / "d", side="A1", mode="full")
+def test_the_environment_holds_every_option_by_its_name(tmp_path):
+    config = CaptureConfig(out=tmp_path / "d", options=CaptureOptions(side="A1"))
     payload = json.loads(config.to_env()[CAPTURE_ENV])
-    assert payload == {"out": str(tmp_path / "d"), "side": "A1", "mode": "full", "storage": "safetensors",
-                       "select": [], "exclude": [], "ops": []}
+    assert payload == {"out": str(tmp_path / "d"), **CaptureOptions(side="A1").to_json()}
+    assert set(payload) == {"out"} | {option.name for option in fields(CaptureOptions)}
     assert CaptureConfig.from_env(config.to_env()) == config
 
 
-def test_the_environment_holds_the_captures_keyword_arguments(tmp_path):
-    """What a child process does with it (tdiff.child_startup): ``Capture(out, **the rest)``."""
+def test_a_child_process_makes_the_capture_the_environment_describes(tmp_path):
+    """What a child process does with it (tdiff.child_startup)."""
     from tdiff.hooks.capture import Capture
 
-    payload = json.loads(EVERY_FIELD.to_env()[CAPTURE_ENV])
-    capture = Capture(payload.pop("out"), **payload)
-    assert (capture.side, capture.mode, capture.storage, capture.batch_row) == ("B2", "stats", "h5", 2)
-    assert capture.max_pending_bytes == 1 << 20
+    config = CaptureConfig.from_env(EVERY_FIELD.to_env())
+    capture = Capture(config.out, config.options, graft=config.graft, launched=True)
+    assert capture.options == EVERY_FIELD.options and capture.side == "B2"
+    assert capture.graft is not None and capture.graft.module == "m.layers.1"
 
 
 def test_an_environment_without_a_capture_arms_none():
@@ -49,7 +54,8 @@ def test_an_environment_without_a_capture_arms_none():
 
 
 def test_a_child_process_reads_the_configuration_and_the_dump_records_how_it_ended(tmp_path):
-    config = CaptureConfig(out=tmp_path / "d", side="A1", mode="stats", select=("^x$",), steps="0")
+    config = CaptureConfig(out=tmp_path / "d", options=CaptureOptions(side="A1", mode="stats", select=("^x$",),
+                                                                       steps="0"))
     log = tmp_path / "run.log"
     code = ("import os, sys; from tdiff.launch import CaptureConfig; "
             "print(CaptureConfig.from_env(os.environ)); sys.exit(3)")
@@ -67,7 +73,8 @@ def test_a_captured_child_records_what_the_configuration_selects(tmp_path):
             "    tdiff.dump('x', torch.ones(2) * step)\n"
             "    tdiff.dump('y', torch.ones(2))\n"
             "    tdiff.step()\n")
-    config = CaptureConfig(out=tmp_path / "d", side="A1", mode="stats", exclude=("^y$",), steps="1")
+    config = CaptureConfig(out=tmp_path / "d", options=CaptureOptions(side="A1", mode="stats", exclude=("^y$",),
+                                                                       steps="1"))
     assert run_command([sys.executable, "-c", code], capture=config, log=tmp_path / "run.log") == 0
     dump = open_dump(tmp_path / "d")
     assert {(r.name.split("/")[0], r.step) for r in dump.records} == {("x", 1)}

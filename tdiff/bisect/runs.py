@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tdiff.capture_options import CaptureOptions
 from tdiff.errors import DumpError, TdiffError
 from tdiff.launch import CaptureConfig, GraftSpec, failure, run_command
 from tdiff.store import Dump, open_dump
@@ -73,17 +74,15 @@ class Runner:
         self.echo = echo
         self.log = RunLog()
 
-    def capture(self, side: str, purpose: str, why: str, *, mode: str, select=(), exclude=(),
-                steps: str | None = None, graft: GraftSpec | None = None, ops=(),
-                params: bool = False) -> tuple[Run, Dump]:
+    def capture(self, side: str, purpose: str, why: str, *, graft: GraftSpec | None = None,
+                **options) -> tuple[Run, Dump]:
+        """One run of ``side``'s command, captured with ``options`` (tdiff.capture_options)."""
         number = self.log.count(side) + 1
         name = f"{side.lower()}{number}-{purpose.replace(' ', '-')}"
         run = Run(side, number, purpose, why, self.work / name)
         self.log.runs.append(run)
         self.echo(f"run {run.label} ({purpose}): {why}")
-        config = CaptureConfig(out=run.path, side=f"{side}{number}", mode=mode, select=tuple(select),
-                               exclude=tuple(exclude), steps=steps, graft=graft, ops=tuple(ops),
-                               params=params or None)
+        config = CaptureConfig(out=run.path, options=CaptureOptions(side=f"{side}{number}", **options), graft=graft)
         output = self.work / f"{name}.log"
         returncode = run_command(["/bin/sh", "-c", self.commands[side]], capture=config, log=output)
         if returncode != 0:

@@ -7,9 +7,9 @@ import sys
 
 import click
 
-from tdiff.cli.options import (align_option, allow_incomplete_option, allow_unaligned_option, jobs_option,
-                               json_option, layers_option, mapping_option, name_filter_options, quiet_option,
-                               steps_option, tolerance_from, tolerance_options, workdir_option)
+from tdiff.cli.options import (align_option, allow_incomplete_option, allow_unaligned_option, capture_options,
+                               jobs_option, json_option, layers_option, mapping_option, name_filter_options,
+                               quiet_option, tolerance_from, tolerance_options, workdir_option)
 from tdiff.errors import TdiffError
 
 GIB = 1 << 30
@@ -33,7 +33,7 @@ GIB = 1 << 30
               help="Online: the most tensor data one full capture may store per side (GiB).")
 @click.option("--no-stats-pass", is_flag=True,
               help="Online: no stats pass; binary-search boundaries with selective captures.")
-@steps_option("; online bisection only")
+@capture_options("steps", note="; online bisection only")
 @workdir_option(" (online bisection, --graft and --try; default: a temporary one, removed at the end)")
 @json_option
 @allow_incomplete_option("; tensors it lacks are reported missing, never named as the culprit")

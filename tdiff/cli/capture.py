@@ -8,10 +8,9 @@ from typing import TYPE_CHECKING
 
 import click
 
-from tdiff.cli.options import batch_row_option, capture_selection_options, check_capture_selection, quiet_option
+from tdiff.cli.options import capture_options, capture_options_from, quiet_option
 from tdiff.errors import TdiffError
-from tdiff.store.manifest import STORAGES, describe_exit
-from tdiff.vocab.parse import parse_size
+from tdiff.store.manifest import describe_exit
 
 if TYPE_CHECKING:
     from tdiff.launch import CaptureConfig
@@ -20,34 +19,13 @@ if TYPE_CHECKING:
 @click.command(context_settings={"allow_interspersed_args": False})
 @click.option("--out", "-o", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Dump directory to create.")
-@click.option("--side", help="Label of this run in reports (default: the directory name).")
-@capture_selection_options()
-@click.option("--ops", multiple=True, metavar="REGEX",
-              help="Inside the forward of modules whose path matches, record every ATen op's output too, "
-                   "with its function and source line (repeatable; docs/BISECT.md).")
-@click.option("--params", is_flag=True,
-              help="Store each recorded module's parameters and buffers, once per dump (by fingerprint), "
-                   "for bisect's exact-reference replay of the culprit (docs/BISECT.md).")
-@click.option("--mode", type=click.Choice(["full", "stats"]), default="full", show_default=True,
-              help="full: store tensors; stats: fingerprints and statistics only.")
-@click.option("--format", "storage", type=click.Choice(list(STORAGES)), default="safetensors",
-              show_default=True, help="Tensor file format.")
-@click.option("--max-pending", default="2GiB", show_default=True, metavar="SIZE",
-              help="Host memory pending writes (copies of GPU tensors) may hold; capture waits at the cap.")
-@batch_row_option()
-@click.option("--graph-budget", default="1GiB", show_default=True, metavar="SIZE",
-              help="GPU memory for the static buffers that record tensors inside CUDA graphs; past "
-                   "it, the rest of a graph is recorded as statistics (see docs/GPU.md).")
-@click.option("--force", is_flag=True, help="Replace a dump in --out that holds records (one that holds "
-                                        "none, from a failed run, is replaced anyway); never one that another "
-                                        "capture is still writing.")
+@capture_options()
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
               help="Run the command N times into --out/run-1 ... run-N; `tdiff bisect OUT` then "
                    "names the first op that is not bitwise repeatable.")
 @quiet_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def capture(out, side, select, exclude, layers, steps, ops, params, mode, storage, max_pending, batch_row, graph_budget,
-            force, repeat, quiet, command):
+def capture(out, repeat, quiet, command, **options):
     """Run COMMAND and dump module inputs and outputs of every Python process it starts.
 
     \b
@@ -65,23 +43,16 @@ def capture(out, side, select, exclude, layers, steps, ops, params, mode, storag
     from dataclasses import replace
 
     from tdiff.launch import CaptureConfig, exit_status, run_command
-    from tdiff.vocab.parse import compile_patterns
 
-    check_capture_selection(select, exclude, layers, steps)
-    compile_patterns(ops, "--ops")
-    config = CaptureConfig(out=out, side=side or out.name, mode=mode, storage=storage, select=tuple(select),
-                           exclude=tuple(exclude), layers=layers, steps=steps, batch_row=batch_row,
-                           max_pending_bytes=parse_size(max_pending, "--max-pending"),
-                           graph_budget_bytes=parse_size(graph_budget, "--graph-budget"), ops=tuple(ops),
-                           params=params or None)
-    lock = _claim_out(out, force)
+    config = CaptureConfig(out=out, options=capture_options_from(options))
+    lock = _claim_out(out, config.options.force)
     try:
         if repeat == 1:
             runs = [config]
         else:
             from tdiff.store.repeats import write_repeat_index
 
-            runs = [replace(config, out=run, side=f"{config.side} {run.name}")
+            runs = [replace(config, out=run, options=replace(config.options, side=f"{config.side} {run.name}"))
                     for run in write_repeat_index(out, repeat, list(command))]
         for run in runs:
             returncode = run_command(list(command), capture=run)
@@ -122,8 +93,9 @@ def _summarize(config: CaptureConfig, returncode: int, quiet: bool) -> None:
 
     out = config.out
     # the module filters given: when they match no module, only explicit dumps are recorded
-    filters = " and ".join([f"--select {' '.join(config.select)}"] * bool(config.select)
-                           + [f"--layers {config.layers}"] * bool(config.layers))
+    options = config.options
+    filters = " and ".join([f"--select {' '.join(options.select)}"] * bool(options.select)
+                           + [f"--layers {options.layers}"] * bool(options.layers))
     try:
         with progress_bar("reading the dump's manifests", quiet=quiet):
             dump = open_dump(out, allow_incomplete=True)

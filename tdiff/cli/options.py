@@ -51,47 +51,49 @@ def name_filter_options(command):
     return command
 
 
-def layers_option(note: str = "", what: str = "Only tensors of"):
+def layers_option(note: str = ""):
     """--layers RANGES (alias --layer): the decoder layers a command compares (compare, bisect,
-    report) or records (``what``: capture, patch try); parsed by tdiff.vocab.parse.parse_ranges."""
+    report); parsed by tdiff.vocab.parse.parse_ranges. (What a capture records: capture_options.)"""
     return click.option("--layers", "--layer", "layers", metavar="RANGES",
-                        help=f"{what} these decoder layers, e.g. 1 or 0-3,7{note}.")
+                        help=f"Only tensors of these decoder layers, e.g. 1 or 0-3,7{note}.")
 
 
-def capture_selection_options(note: str = ""):
-    """--select, --exclude, --layers and --steps: what a capture records (capture, patch try);
-    check them with :func:`check_capture_selection`."""
+def capture_options(*names: str, note: str = ""):
+    """The flags of these capture options (every one that has a flag, when none is named), as
+    tdiff.capture_options.CaptureOptions declares them, in its order: each passes its value under
+    the option's name (a SIZE as written; :func:`capture_options_from` converts it). ``note`` ends
+    each help: what the flags are for on a command of its own (patch try, bisect)."""
+    from tdiff.capture_options import flags
+    from tdiff.vocab.parse import format_size
+
     def decorate(command):
-        command = steps_option(note)(command)
-        command = layers_option(note, what="Record only")(command)
-        command = click.option("--exclude", multiple=True, metavar="REGEX",
-                               help=f"Skip modules and dumps whose name matches (repeatable){note}.")(command)
-        command = click.option("--select", multiple=True, metavar="REGEX",
-                               help=f"Record only modules whose path matches (repeatable){note}.")(command)
+        for option, flag in reversed(list(flags(names))):
+            kind: dict = {}
+            if flag.choices:
+                kind = {"type": click.Choice(list(flag.choices)), "default": option.default, "show_default": True}
+            elif flag.size:
+                kind = {"default": format_size(option.default), "show_default": True}
+            elif flag.minimum is not None:
+                kind = {"type": click.IntRange(min=flag.minimum)}
+            elif option.default is False:
+                kind = {"is_flag": True}
+            elif option.default == ():
+                kind = {"multiple": True}
+            command = click.option(*flag.names, option.name, metavar=flag.metavar, help=f"{flag.help}{note}.",
+                                   **kind)(command)
         return command
     return decorate
 
 
-def steps_option(note: str = ""):
-    """--steps alone, for bisect's runs; with the rest of the selection: capture_selection_options."""
-    return click.option("--steps", metavar="RANGES", help=f"Record only these steps (forward passes), e.g. 0-1{note}.")
+def capture_options_from(values: dict):
+    """The :class:`~tdiff.capture_options.CaptureOptions` of the flags' ``values`` (by option name,
+    as :func:`capture_options` passes them), checked."""
+    from tdiff.capture_options import CaptureOptions, flags
+    from tdiff.vocab.parse import parse_size
 
-
-def check_capture_selection(select=(), exclude=(), layers: str | None = None, steps: str | None = None) -> None:
-    """Refuse a bad capture selection before any command starts; the capture itself reads the
-    values as written (tdiff.launch.CaptureConfig)."""
-    from tdiff.vocab.parse import compile_patterns, parse_ranges
-
-    compile_patterns(select, "--select")
-    compile_patterns(exclude, "--exclude")
-    parse_ranges(layers, "--layers")
-    parse_ranges(steps, "--steps")
-
-
-def batch_row_option(note: str = ""):
-    return click.option("--batch-row", type=click.IntRange(min=0), metavar="N",
-                        help="Record only row N of tensors whose leading dimension is the batch size (one "
-                             f"sequence of a batch, to compare with it scored alone){note}.")
+    sizes = {option.name: parse_size(values[option.name], flag.name)
+             for option, flag in flags() if flag.size and option.name in values}
+    return CaptureOptions(**{**values, **sizes})
 
 
 def workdir_option(note: str):

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import click
 
-from tdiff.cli.options import (allow_unaligned_option, batch_row_option, capture_selection_options,
-                               check_capture_selection, jobs_option, json_option, quiet_option, tolerance_from,
-                               tolerance_options, workdir_option)
+from tdiff.cli.options import (allow_unaligned_option, capture_options, capture_options_from, jobs_option,
+                               json_option, quiet_option, tolerance_from, tolerance_options, workdir_option)
 from tdiff.errors import TdiffError
 
 _RUN = {"allow_interspersed_args": False}
@@ -101,8 +100,8 @@ def check(config, as_json, quiet):
                    "them), or catalogue entries.")
 @click.option("--baseline", required=True, metavar="DUMP_A", help="The dump run B should match.")
 @workdir_option(" (default: a new ./tdiff-try-* directory)")
-@capture_selection_options(", as for the baseline")
-@batch_row_option("; COMMAND_B's runs only")
+@capture_options("select", "exclude", "layers", "steps", note=", as for the baseline")
+@capture_options("batch_row", note="; COMMAND_B's runs only")
 @click.option("--rerun-baseline", metavar="CMD_A",
               help="Also capture side A again under each candidate (CMD_A, split like a shell) and "
                    "compare with that: for fixes both sides must share, such as batch invariance.")
@@ -127,10 +126,11 @@ def try_(candidates, baseline, work, select, exclude, layers, steps, batch_row, 
     """
     from tdiff.report.console import make_console, render_trials
     from tdiff.source_patcher.catalogue import candidates_from
-    from tdiff.source_patcher.trial import CaptureSelection, try_candidates
+    from tdiff.source_patcher.trial import try_candidates
 
     tolerance = tolerance_from(exact, atol, rtol, ulp)
-    check_capture_selection(select, exclude, layers, steps)
+    selection = capture_options_from({"select": select, "exclude": exclude, "layers": layers, "steps": steps,
+                                      "batch_row": batch_row})
     chosen = candidates_from(candidates)
     _refuse_stale([list(c.patches) for c in chosen])
     console = make_console(stderr=True, quiet=quiet)
@@ -142,7 +142,7 @@ def try_(candidates, baseline, work, select, exclude, layers, steps, batch_row, 
                       + (f" ({result.reason})" if result.reason else ""), highlight=False, markup=False)
 
     report = try_candidates(chosen, baseline, list(command_b), workdir=work, tolerance=tolerance,
-                            selection=CaptureSelection(list(select), list(exclude), layers, steps, batch_row),
+                            selection=selection,
                             baseline_command=shlex.split(rerun_baseline) if rerun_baseline else None,
                             allow_unaligned=allow_unaligned, progress=progress, jobs=jobs)
     if as_json:

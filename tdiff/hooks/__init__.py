@@ -2,48 +2,54 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+
 import torch
 
+from tdiff.capture_options import CaptureOptions, options_doc
 from tdiff.hooks.active import active_capture
 from tdiff.hooks.capture import Capture
 from tdiff.hooks.cuda_graphs import graph_replayed, graph_rows, warmup
 
 
-def capture(out_dir, *, side=None, select=(), exclude=(), layers=None, steps=None, mode="full",
-            storage="safetensors", model=None, ops=(), force=False, **options) -> Capture:
+def capture(out_dir, *, model=None, **options) -> Capture:
     """Record module inputs and outputs into ``out_dir`` while the ``with`` block runs.
 
     Args:
         out_dir: the dump directory (created; the processes of one run share it: a program's
             torchrun ranks and multiprocessing workers, the processes it starts while capturing).
             Another capture writing there at the same time (a second program, `tdiff capture`) is
-            refused, as is an earlier run's dump that holds records, unless ``force``.
-        side: a label for reports (defaults to the directory name).
-        select / exclude: regexes searched in module paths (and explicit dump names, for exclude).
-        layers / steps: ranges like "0-3,7" (or ints, or lists) restricting what is recorded.
-            A ``select`` or ``layers`` that matches no module is said at the capture's end (a
-            warning, and a note in the dump), with the number of explicit dumps recorded.
-        mode: "full" stores tensors; "stats" stores fingerprints and statistics only.
-        storage: "safetensors" or "h5".
+            refused, as is an earlier run's dump that holds records, unless ``force=True``.
         model: the outermost model; names are taken from it and its ``forward`` is wrapped too.
-        ops: a regex (or several) searched in module paths: inside the forward of each matching
-            module, every ATen op's output is recorded too, with the op's name, the Python function
-            and source line that ran it and references to its inputs' records (tdiff.hooks.ops);
-            bisect then names the op that introduced a divergence in that module's own code.
-        force: replace an earlier run's dump in ``out_dir`` (and the files beside it), as
-            ``tdiff capture --force`` does; a capture still writing there is never replaced.
-        params: store each recorded module's parameters and buffers, once per dump (by
-            fingerprint), for bisect's exact-reference replay of the culprit. Every recorded
-            module's class and scalar settings (eps, RoPE theta...) are described either way.
-        options: ``max_pending_bytes`` (host memory held by pending writes of GPU tensors, default 2 GiB),
-            ``shard_bytes`` (shard size cap), ``batch_row`` (record only this row of every tensor
-            whose leading dimension is the batch size of the outermost call's first input: one
-            sequence of a batch, to compare with the same sequence scored alone),
-            ``graph_budget_bytes`` (GPU memory for the static buffers that record tensors inside
-            CUDA graphs, default 1 GiB; past it, the rest of a graph is recorded as statistics).
+        options: the capture's options (:class:`tdiff.capture_options.CaptureOptions`), listed
+            below as `tdiff capture` has them. In Python, ``select``, ``exclude`` and ``ops`` take
+            a regex or a list of them, ``layers`` and ``steps`` ranges like "0-3,7", an int or a
+            list of ints, and sizes are bytes. A ``select`` or ``layers`` that matches no module is
+            said at the capture's end (a warning, and a note in the dump), with the number of
+            explicit dumps recorded. With ``ops``, each op's record also names the Python
+            function and source line that ran it and its inputs' records (tdiff.hooks.ops). With
+            ``params`` or without, every recorded module's class and scalar settings (eps, RoPE
+            theta...) are described.
+
+    Options:
     """
-    return Capture(out_dir, side=side, select=select, exclude=exclude, layers=layers, steps=steps,
-                   mode=mode, storage=storage, model=model, ops=ops, force=force, **options)
+    return Capture(out_dir, CaptureOptions(**options), model=model)
+
+
+def _declare_options(function) -> None:
+    """``function`` (which takes ``**options``) names each capture option in its signature and
+    docstring, with its default, as CaptureOptions declares it."""
+    signature = inspect.signature(function)
+    named = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    options = [inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, default=option.default)
+               for option in dataclasses.fields(CaptureOptions)]
+    function.__signature__ = signature.replace(parameters=[*named, *options])
+    if function.__doc__:   # (python -OO drops docstrings)
+        function.__doc__ = f"{function.__doc__.rstrip(' ')}{options_doc(indent=' ' * 8)}\n    "
+
+
+_declare_options(capture)
 
 
 def dump(name: str, value, *, positions=None, seq_ids=None, layout=None):

@@ -22,16 +22,18 @@ import os
 import sys
 import warnings
 from collections.abc import Callable
+from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
+from tdiff.capture_options import DEFAULTS, CaptureOptions
 from tdiff.errors import TdiffError
 from tdiff.hooks.active import active_capture, set_active
 from tdiff.hooks.claim import Claim
-from tdiff.hooks.cuda_graphs import DEFAULT_GRAPH_BUDGET, GraphRecorder, install_graph_hooks
+from tdiff.hooks.cuda_graphs import GraphRecorder, install_graph_hooks
 from tdiff.hooks.module_call import install_call_hook, recorded_call
 from tdiff.hooks.modules import ModuleDescriber
 from tdiff.hooks.naming import flatten_tensors, tensor_name
@@ -44,75 +46,58 @@ from tdiff.hooks.selection import Selection
 from tdiff.hooks.stack_room import StackRoom
 from tdiff.hooks.tokens import TokenRecorder, row_tokens
 from tdiff.store.manifest import MANIFEST_DIR, create_dump, new_part_id
-from tdiff.store.storage import STORAGES
 from tdiff.store.tokens import LAYOUTS
-from tdiff.store.writer import DEFAULT_MAX_PENDING, DEFAULT_SHARD_BYTES, DumpWriter
+from tdiff.store.writer import DumpWriter
 from tdiff.version import __version__
-from tdiff.vocab.parse import parse_ranges
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self from Python 3.11
 
-MODES = ("full", "stats")
+    from tdiff.launch import GraftSpec
 
 
 class Capture:
     """One process's capture into one dump directory. Use :func:`capture` to make one."""
 
-    def __init__(self, out_dir, *, side: str | None = None, select=(), exclude=(), layers=None,
-                 steps=None, mode: str = "full", storage: str = "safetensors", model=None,
-                 max_pending_bytes: int = DEFAULT_MAX_PENDING,
-                 shard_bytes: int = DEFAULT_SHARD_BYTES, batch_row: int | None = None,
-                 graft: dict | None = None, graph_budget_bytes: int = DEFAULT_GRAPH_BUDGET, ops=(),
-                 force: bool = False, launched: bool = False, params: bool = False):
-        if mode not in MODES:
-            raise TdiffError(f"--mode {mode!r}: use one of {', '.join(MODES)}")
-        if storage not in STORAGES:
-            raise TdiffError(f"--format {storage!r}: use one of {', '.join(STORAGES)}")
+    def __init__(self, out_dir, options: CaptureOptions = DEFAULTS, *, model=None,
+                 graft: GraftSpec | None = None, launched: bool = False):
         self.root = Path(out_dir)
-        self.side = side or self.root.name
-        self.mode = mode
-        self.storage = storage
-        self.selection = Selection(list(select), list(exclude), _ranges(layers, "--layers"),
-                                   _ranges(steps, "--steps"))
+        self.options = options
+        self.side = options.side_of(self.root)
+        self.selection = Selection(list(options.select), list(options.exclude), options.layer_set(),
+                                   options.step_set())
         self.model = model
         # the module filters given, as the caller wrote them: said at the end when they match no module
         self._filters = " and ".join(f"{option}={value!r}" for option, value in
-                                     (("select", list(select)), ("layers", layers)) if value)
-        self.force = force          # replace an earlier run's dump in out_dir
+                                     (("select", list(options.select)), ("layers", options.layers)) if value)
         self.launched = launched    # started by a command runner that holds the dump (tdiff.launch)
         self._claim: Claim | None = None
-        self.max_pending_bytes = max_pending_bytes
-        self.shard_bytes = shard_bytes
-        if batch_row is not None and batch_row < 0:
-            raise TdiffError(f"--batch-row must not be negative, not {batch_row}")
-        self.batch_row = batch_row   # --batch-row: the row of the batch recorded
         self.part = ProcessPart(self._new_writer)   # this process's manifest and shards
         self.running = RunningState()   # each thread's step, calls and module stack; the records' order
-        self.ops = OpRecorder([ops] if isinstance(ops, str) else ops) if ops else None   # --ops
+        self.ops = OpRecorder(options.ops) if options.ops else None   # --ops
         self.plans = CallPlans(self.selection, self.ops)   # what to do with each call site's calls
         self.recorder = Recorder(self)   # records each tensor
         self.token_recorder = TokenRecorder(self)   # each forward's token metadata
         self._forward_restore: Callable[[], None] | None = None
-        self.graphs = GraphRecorder(self, graph_budget_bytes)   # CUDA graph capture and replays (its hooks')
+        self.graphs = GraphRecorder(self, options.graph_budget_bytes)   # CUDA graph capture and replays (its hooks')
         # capture's frames do not count against the program's recursion limit
         self.stack_room = StackRoom()
         self.notes: list[str] = []   # what the dump must say about how it was recorded
-        self.modules = ModuleDescriber(self.root, params, self.note)   # each recorded module's settings (and --params)
+        self.modules = ModuleDescriber(self.root, options.params, self.note)   # each recorded module's settings (and --params)
         self.graft = None
         if graft is not None:  # bisect --graft: feed one call another run's inputs (tdiff.hooks.graft)
             from tdiff.hooks.graft import InputGraft
 
-            self.graft = InputGraft(**graft)
+            self.graft = InputGraft(**asdict(graft))
 
     # ---- lifecycle ----
     def start(self) -> Self:
         active = active_capture()
         if active is not None:
             raise TdiffError(f"a capture into {active.root} is already active in this process")
-        claim = None if self.launched else Claim(self.root, force=self.force)
+        claim = None if self.launched else Claim(self.root, force=self.options.force)
         try:
-            create_dump(self.root, {"side": self.side, "mode": self.mode, "storage": self.storage,
+            create_dump(self.root, {"side": self.side, "mode": self.options.mode, "storage": self.options.storage,
                                     "tdiff": __version__})
             if not os.access(self.root / MANIFEST_DIR, os.W_OK | os.X_OK):
                 raise TdiffError(f"cannot write into dump directory {self.root}: permission denied")
@@ -172,12 +157,12 @@ class Capture:
         self.stop(None if succeeded else f"the captured code raised {exc_type.__name__}")
 
     def _new_writer(self) -> DumpWriter:
-        header = {"side": self.side, "mode": self.mode, "argv": sys.argv[:16],
+        options = self.options
+        header = {"side": self.side, "mode": options.mode, "argv": sys.argv[:16],
                   "torch": torch.__version__, "tdiff": __version__, "versions": dict(_versions())}
         try:
-            return DumpWriter(self.root, new_part_id(), header, storage=self.storage,
-                              max_pending_bytes=self.max_pending_bytes,
-                              shard_bytes=self.shard_bytes)
+            return DumpWriter(self.root, new_part_id(), header, storage=options.storage,
+                              max_pending_bytes=options.max_pending_bytes, shard_bytes=options.shard_bytes)
         except OSError as exc:
             raise TdiffError(f"cannot write into dump directory {self.root}: {exc.strerror}") from None
 
@@ -303,16 +288,6 @@ class Capture:
                 del model.forward
 
         self._forward_restore = restore
-
-
-def _ranges(value, what: str):
-    if value is None or isinstance(value, frozenset):
-        return value
-    if isinstance(value, int):
-        return frozenset([value])
-    if isinstance(value, (list, tuple, set)):
-        return frozenset(int(v) for v in value)
-    return parse_ranges(value, what)
 
 
 @functools.cache

@@ -42,7 +42,6 @@ from tdiff.store.dtypes import from_bytes_view, to_bytes_view
 from tdiff.store.record import Record
 from tdiff.store.writer import Pending
 
-DEFAULT_GRAPH_BUDGET = 1 << 30
 _SLOTS_PER_TABLE = 256      # statistics slots allocated together while a graph is captured
 _ATTRIBUTE = "_tdiff_recording"   # where a graph keeps what its capture recorded
 
@@ -121,10 +120,8 @@ class GraphRecorder:
     """One capture's CUDA-graph state: the static-buffer budget, the rows of the next replay."""
 
     def __init__(self, capture, budget_bytes: int):
-        if budget_bytes < 0:
-            raise TdiffError(f"--graph-budget must not be negative, not {budget_bytes}")
         self.capture = capture
-        self.mode = capture.mode
+        self.mode = capture.options.mode
         self.budget_bytes = budget_bytes
         self.static_bytes = 0        # of all graphs captured so far
         self.graphs = 0

@@ -111,10 +111,11 @@ def _outermost(capture: Capture, thread: ThreadState, module, graph: GraphRecord
     capture.running.outermost_call()
     if graph is None:
         capture.token_recorder.of_forward(module, args, kwargs)
-    if capture.batch_row is not None:
+    row = capture.options.batch_row
+    if row is not None:
         thread.batch_size = _batch_size(args, kwargs)
-        if thread.batch_size and capture.batch_row >= thread.batch_size:
-            raise TdiffError(f"--batch-row {capture.batch_row} is outside the batch of {thread.batch_size}")
+        if thread.batch_size and row >= thread.batch_size:
+            raise TdiffError(f"--batch-row {row} is outside the batch of {thread.batch_size}")
     if graph is not None and graph.rows is None:
         graph.rows = _batch_size(args, kwargs)
 

@@ -84,7 +84,8 @@ class Recorder:
         if tensor.requires_grad:
             tensor = tensor.detach()
         if thread.batch_size and tensor.dim() and tensor.shape[0] == thread.batch_size:
-            tensor = tensor[capture.batch_row:capture.batch_row + 1]
+            row = capture.options.batch_row
+            tensor = tensor[row:row + 1]
         quantization = None
         if tensor.is_quantized:
             quantization = quantization_of(tensor)
@@ -116,9 +117,9 @@ class Recorder:
             graph.record(record, counter, tensor)  # into the graph's static buffers, harvested on replay
         elif seen is not None:
             capture.writer.submit(Pending(record=record, original=seen.pending))   # an alias
-        elif capture.mode == "full" and device.type == "cpu":
+        elif capture.options.mode == "full" and device.type == "cpu":
             self._stream_to_shard(record, tensor, original)
-        elif capture.mode == "full":
+        elif capture.options.mode == "full":
             self._host_copy(record, tensor)
         else:
             self._summary(record, tensor, original, device.type == "cpu")

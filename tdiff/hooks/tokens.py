@@ -78,7 +78,7 @@ class TokenRecorder:
     def write(self, batch: TokenBatch) -> None:
         self.pending = None
         capture = self._capture
-        if capture.batch_row is not None:
+        if capture.options.batch_row is not None:
             capture.note("--batch-row: token metadata is not recorded (rows are cut from the batch)")
             return
         step = capture.running.thread().step

@@ -16,10 +16,11 @@ import math
 import re
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tdiff.align import choose_pairing
+from tdiff.capture_options import DEFAULTS, CaptureOptions
 from tdiff.compare.engine import CompareOptions, CompareReport, compare_dumps, unaligned_notes
 from tdiff.compare.metrics import EXACT, Tolerance
 from tdiff.errors import DumpError, TdiffError
@@ -127,20 +128,9 @@ class TrialReport:
                    candidates=[TrialResult.from_json(c) for c in data["candidates"]])
 
 
-@dataclass
-class CaptureSelection:
-    """Capture settings for the runs; use the ones the baseline was captured with."""
-
-    select: list[str] = field(default_factory=list)
-    exclude: list[str] = field(default_factory=list)
-    layers: str | None = None
-    steps: str | None = None
-    batch_row: int | None = None      # command B's runs only (one sequence of its batch)
-
-
 def try_candidates(candidates: list[Candidate], baseline: str | Path, command: list[str], *,
                    workdir: str | Path | None = None, tolerance: Tolerance = EXACT,
-                   selection: CaptureSelection | None = None, baseline_command: list[str] | None = None,
+                   selection: CaptureOptions = DEFAULTS, baseline_command: list[str] | None = None,
                    allow_unaligned: bool = False,
                    progress: Callable[[TrialResult, int, int], None] | None = None, jobs: int = 1) -> TrialReport:
     """Run ``command`` unpatched and under each candidate; compare every run with ``baseline``.
@@ -150,7 +140,9 @@ def try_candidates(candidates: list[Candidate], baseline: str | Path, command: l
     invariance: the same op overrides on the lone sequence and on the batch). The control still
     compares with ``baseline``. A run aligned by token that matches while rows of tokens both runs
     fed were left uncompared is an error, unless ``allow_unaligned`` (then its reason notes it).
-    ``jobs``: pairs of tensors compared at once (compare_dumps).
+    ``jobs``: pairs of tensors compared at once (compare_dumps). ``selection``: the runs' capture
+    options; their mode and format are the baseline's, their ``batch_row`` applies to the runs of
+    ``command`` only (one sequence of its batch).
     """
     if not candidates:
         raise TdiffError("no candidates to try")
@@ -159,7 +151,7 @@ def try_candidates(candidates: list[Candidate], baseline: str | Path, command: l
         raise TdiffError(f"candidate {next(n for n in names if names.count(n) > 1)!r} is listed twice")
     base = open_dump(baseline)
     work = _workdir(workdir)
-    runner = _Runner(base, list(command), work, tolerance, selection or CaptureSelection(),
+    runner = _Runner(base, list(command), work, tolerance, selection,
                      list(baseline_command) if baseline_command else None, allow_unaligned, jobs)
     total = len(candidates) + 1
     control = runner.run(0, CONTROL, [])
@@ -205,7 +197,7 @@ def _workdir(workdir: str | Path | None) -> Path:
 
 class _Runner:
     def __init__(self, baseline: Dump, command: list[str], workdir: Path, tolerance: Tolerance,
-                 selection: CaptureSelection, baseline_command: list[str] | None, allow_unaligned: bool,
+                 selection: CaptureOptions, baseline_command: list[str] | None, allow_unaligned: bool,
                  jobs: int):
         self.baseline, self.command, self.workdir, self.jobs = baseline, command, workdir, jobs
         self.tolerance, self.selection, self.baseline_command = tolerance, selection, baseline_command
@@ -252,10 +244,10 @@ class _Runner:
 
     def _capture(self, command: list[str], out: Path, side: str, patches: dict, log: Path, *,
                  batch_row: int | None) -> int:
-        config = CaptureConfig(out=out, side=side, mode=self.baseline.info.get("mode", "full"),
-                               storage=self.baseline.info.get("storage", "safetensors"),
-                               select=tuple(self.selection.select), exclude=tuple(self.selection.exclude),
-                               layers=self.selection.layers, steps=self.selection.steps, batch_row=batch_row)
+        info = self.baseline.info
+        options = replace(self.selection, side=side, mode=info.get("mode", "full"),
+                          storage=info.get("storage", "safetensors"), batch_row=batch_row)
+        config = CaptureConfig(out=out, options=options)
         return run_command(command, capture=config, patches=patches, log=log)
 
 

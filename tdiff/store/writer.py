@@ -38,8 +38,6 @@ from tdiff.store.record import Record
 from tdiff.store.storage import HeaderFull, ShardStream, storage_for
 from tdiff.store.tokens import TokenBatch
 
-DEFAULT_MAX_PENDING = 2 << 30
-DEFAULT_SHARD_BYTES = 512 << 20
 # shards written at once: page-cache writes of separate files overlap where there are cores to spare
 DEFAULT_SHARD_WRITERS = max(1, min(4, (os.cpu_count() or 1) // 4))
 _RECORDS_PER_FLUSH = 4096  # how many data-less records (stats mode) wait before they are journaled
@@ -86,9 +84,10 @@ class _Settle(threading.Event):
 
 
 class DumpWriter:
-    def __init__(self, root: Path, part: str, header: dict, *, storage: str = "safetensors",
-                 max_pending_bytes: int = DEFAULT_MAX_PENDING,
-                 shard_bytes: int = DEFAULT_SHARD_BYTES, shard_writers: int | None = None):
+    def __init__(self, root: Path, part: str, header: dict, *, storage: str, max_pending_bytes: int,
+                 shard_bytes: int, shard_writers: int | None = None):
+        """``storage``, ``max_pending_bytes``, ``shard_bytes``: the capture's options of those names
+        (tdiff.capture_options)."""
         self.root = Path(root)
         self.part = part
         self.storage = storage_for(storage)

@@ -5,6 +5,8 @@ Examples:
     frozenset({0, 1, 2, 3, 7})
     >>> parse_size("2GiB", "--max-pending")
     2147483648
+    >>> format_size(2147483648)
+    '2GiB'
 """
 
 from __future__ import annotations
@@ -62,3 +64,11 @@ def parse_size(text: str, what: str) -> int:
         raise TdiffError(f"{what} {text!r} is not a size like 512M or 2GiB")
     scale = 1024 ** "_kmgt".index(match.group(2).lower() or "_")
     return int(float(match.group(1)) * scale)
+
+
+def format_size(nbytes: int) -> str:
+    """A size as :func:`parse_size` reads it, in the largest unit that divides it: 2 << 30 reads "2GiB"."""
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes and not nbytes % (1 << shift):
+            return f"{nbytes >> shift}{unit}"
+    return str(nbytes)

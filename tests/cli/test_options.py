@@ -7,7 +7,7 @@ import click
 import pytest
 
 from tdiff.cli import COMMANDS, LazyGroup
-from tdiff.cli.options import check_capture_selection
+from tdiff.cli.options import capture_options_from
 from tdiff.errors import TdiffError
 
 # the commands of each shared family; --select/--exclude name two families: the tensors a command
@@ -77,6 +77,5 @@ def test_select_and_exclude_are_declared_alike_within_each_family(flag):
 ])
 def test_a_bad_capture_selection_is_refused_naming_its_flag(selection, flag):
     with pytest.raises(TdiffError, match=flag):
-        check_capture_selection(**selection)
-    check_capture_selection(**{key: ([r"^a\.b$"] if key in ("select", "exclude") else "0-2")
-                               for key in selection})
+        capture_options_from(selection)
+    capture_options_from({key: ([r"^a\.b$"] if key in ("select", "exclude") else "0-2") for key in selection})

@@ -6,6 +6,7 @@ from pathlib import Path
 import torch
 
 import tdiff
+from tdiff.capture_options import CaptureOptions
 from tdiff.launch import CaptureConfig
 from tdiff.store.modules import MODULES_DIR, PARAMS_DIR, load_param, read_module_descriptions
 from tests.helpers import DEMO, tdiff_process, tiny_qwen2, token_ids
@@ -51,8 +52,8 @@ def test_settings_are_recorded_always_and_parameters_only_when_asked(tmp_path):
 
 
 def test_the_capture_option_reaches_the_process_through_its_environment():
-    config = CaptureConfig(out=Path("d"), side="a", mode="full", params=True)
-    assert CaptureConfig.from_env(config.to_env()).params is True
+    config = CaptureConfig(out=Path("d"), options=CaptureOptions(side="a", mode="full", params=True))
+    assert CaptureConfig.from_env(config.to_env()).options.params is True
 
 
 def test_capture_params_from_the_command_line(tmp_path):

@@ -5,10 +5,14 @@ import threading
 import torch
 
 import tdiff
+from tdiff.capture_options import DEFAULTS
 from tdiff.store import open_dump
 from tdiff.store.fingerprint import host_stats, xxh3_fingerprint
 from tdiff.store.record import Record
 from tdiff.store.writer import DumpWriter, Pending
+
+# a capture's defaults
+_CAPTURE_DEFAULTS = {name: getattr(DEFAULTS, name) for name in ("storage", "max_pending_bytes", "shard_bytes")}
 
 
 class _Resolved:
@@ -32,7 +36,7 @@ def _new_writer(tmp_path) -> DumpWriter:
     from tdiff.store.manifest import create_dump
 
     create_dump(tmp_path / "d", {"side": "d", "mode": "stats", "storage": "safetensors", "tdiff": tdiff.__version__})
-    return DumpWriter(tmp_path / "d", "p0", {"side": "d", "mode": "stats"})
+    return DumpWriter(tmp_path / "d", "p0", {"side": "d", "mode": "stats"}, **_CAPTURE_DEFAULTS)
 
 
 def test_records_submitted_from_several_threads_each_reach_the_manifest_once(tmp_path):
@@ -166,7 +170,8 @@ def _gated_writer(tmp_path, max_pending_bytes: int) -> tuple[DumpWriter, threadi
     from tdiff.store.manifest import create_dump
 
     create_dump(tmp_path / "d", {"side": "d", "mode": "full", "storage": "safetensors", "tdiff": tdiff.__version__})
-    writer = DumpWriter(tmp_path / "d", "p0", {"side": "d", "mode": "full"}, max_pending_bytes=max_pending_bytes)
+    writer = DumpWriter(tmp_path / "d", "p0", {"side": "d", "mode": "full"},
+                        **{**_CAPTURE_DEFAULTS, "max_pending_bytes": max_pending_bytes})
     gate = threading.Event()
     write = writer.storage.write
 
@@ -239,7 +244,7 @@ def _full_writer(tmp_path) -> DumpWriter:
     from tdiff.store.manifest import create_dump
 
     create_dump(tmp_path / "d", {"side": "d", "mode": "full", "storage": "safetensors", "tdiff": tdiff.__version__})
-    return DumpWriter(tmp_path / "d", "p0", {"side": "d", "mode": "full"})
+    return DumpWriter(tmp_path / "d", "p0", {"side": "d", "mode": "full"}, **_CAPTURE_DEFAULTS)
 
 
 def _record_of(seq: int, tensor: torch.Tensor) -> Record:
@@ -375,7 +380,7 @@ def test_a_signal_handler_that_ends_the_capture_as_a_hook_takes_the_shards_lock_
             return self.error is not None
 
     create_dump(tmp_path / "d", {"side": "d", "mode": "full", "storage": "safetensors", "tdiff": tdiff.__version__})
-    writer = HandlerInside(tmp_path / "d", "p0", {"side": "d", "mode": "full"})
+    writer = HandlerInside(tmp_path / "d", "p0", {"side": "d", "mode": "full"}, **_CAPTURE_DEFAULTS)
     x = torch.arange(10.0)
 
     def hook():

@@ -189,3 +189,38 @@ def test_a_pool_under_tdiff_capture_gives_a_complete_dump(tmp_path):
     assert "incomplete" not in result.stderr
     dump = open_dump(tmp_path / "d")
     assert len([r for r in dump.records if r.name == "(model)"]) == 6
+
+
+@pytest.mark.slow
+def test_pool_runs_end_while_other_processes_take_every_core(tmp_path):
+    """The 20 pool runs again and again with a busy loop on each core: a hang (once seen under a
+    heavy load) fails within the timeout instead of blocking the suite, and the process group of
+    the hung program, its pool's workers included, is killed."""
+    import os
+    import signal
+    import subprocess
+
+    script = tmp_path / "script.py"
+    script.write_text(POOL_RUNS)
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                for _ in range(len(os.sched_getaffinity(0)))]
+    try:
+        for attempt in range(5):
+            out = tmp_path / f"attempt-{attempt}"
+            program = subprocess.Popen([sys.executable, str(script), str(out), "fork", str(RUNS)],
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                       start_new_session=True)
+            try:
+                stdout, stderr = program.communicate(timeout=300)
+            except subprocess.TimeoutExpired:
+                os.killpg(program.pid, signal.SIGKILL)
+                stdout, stderr = program.communicate()
+                pytest.fail(f"attempt {attempt} hung after runs {stdout.split()}: {stderr[-2000:]}")
+            assert program.returncode == 0, stderr
+            assert stdout.split() == [str(run) for run in range(RUNS)]
+            for run in range(RUNS):
+                open_dump(out / str(run))   # complete and readable, or it raises
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()

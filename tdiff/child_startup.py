@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import asdict
 
 from tdiff.bootstrap import PATCHES_ENV
 from tdiff.launch import CaptureConfig
@@ -32,7 +33,8 @@ def _start_capture(config: CaptureConfig) -> None:
 
     from tdiff.hooks.capture import Capture
 
-    capture = Capture(config.out, config.options, graft=config.graft, launched=True).start()
+    graft = asdict(config.graft) if config.graft is not None else None
+    capture = Capture(config.out, config.options, graft=graft, launched=True).start()
     atexit.register(capture.stop)
     _stop_on_sigterm(capture)
 

@@ -53,7 +53,7 @@ def test_the_capture_commands_options_are_the_declarations_with_its_defaults():
 def test_tdiff_capture_takes_each_option_by_its_name_with_its_default():
     signature = inspect.signature(tdiff.capture)
     keywords = {name: p.default for name, p in signature.parameters.items()
-                if p.kind is inspect.Parameter.KEYWORD_ONLY and name != "model"}
+                if p.kind is inspect.Parameter.KEYWORD_ONLY and name not in ("model", "graft")}
     assert keywords == {option.name: option.default for option in fields(CaptureOptions)}
     assert all(option.name in tdiff.capture.__doc__ for option in fields(CaptureOptions))
 

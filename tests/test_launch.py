@@ -2,7 +2,7 @@
 
 import json
 import sys
-from dataclasses import fields, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 import pytest
@@ -43,7 +43,7 @@ def test_a_child_process_makes_the_capture_the_environment_describes(tmp_path):
     from tdiff.hooks.capture import Capture
 
     config = CaptureConfig.from_env(EVERY_FIELD.to_env())
-    capture = Capture(config.out, config.options, graft=config.graft, launched=True)
+    capture = Capture(config.out, config.options, graft=asdict(config.graft), launched=True)
     assert capture.options == EVERY_FIELD.options and capture.side == "B2"
     assert capture.graft is not None and capture.graft.module == "m.layers.1"
 

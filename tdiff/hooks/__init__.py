@@ -13,7 +13,7 @@ from tdiff.hooks.capture import Capture
 from tdiff.hooks.cuda_graphs import graph_replayed, graph_rows, warmup
 
 
-def capture(out_dir, *, model=None, **options) -> Capture:
+def capture(out_dir, *, model=None, graft=None, **options) -> Capture:
     """Record module inputs and outputs into ``out_dir`` while the ``with`` block runs.
 
     Args:
@@ -22,6 +22,7 @@ def capture(out_dir, *, model=None, **options) -> Capture:
             Another capture writing there at the same time (a second program, `tdiff capture`) is
             refused, as is an earlier run's dump that holds records, unless ``force=True``.
         model: the outermost model; names are taken from it and its ``forward`` is wrapped too.
+        graft: bisect --graft's (tdiff.hooks.graft): the call whose inputs are another run's.
         options: the capture's options (:class:`tdiff.capture_options.CaptureOptions`), listed
             below as `tdiff capture` has them. In Python, ``select``, ``exclude`` and ``ops`` take
             a regex or a list of them, ``layers`` and ``steps`` ranges like "0-3,7", an int or a
@@ -34,7 +35,7 @@ def capture(out_dir, *, model=None, **options) -> Capture:
 
     Options:
     """
-    return Capture(out_dir, CaptureOptions(**options), model=model)
+    return Capture(out_dir, CaptureOptions(**options), model=model, graft=graft)
 
 
 def _declare_options(function) -> None:

@@ -22,7 +22,6 @@ import os
 import sys
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -53,14 +52,13 @@ from tdiff.version import __version__
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self from Python 3.11
 
-    from tdiff.launch import GraftSpec
 
 
 class Capture:
     """One process's capture into one dump directory. Use :func:`capture` to make one."""
 
     def __init__(self, out_dir, options: CaptureOptions = DEFAULTS, *, model=None,
-                 graft: GraftSpec | None = None, launched: bool = False):
+                 graft: dict | None = None, launched: bool = False):
         self.root = Path(out_dir)
         self.options = options
         self.side = options.side_of(self.root)
@@ -88,7 +86,7 @@ class Capture:
         if graft is not None:  # bisect --graft: feed one call another run's inputs (tdiff.hooks.graft)
             from tdiff.hooks.graft import InputGraft
 
-            self.graft = InputGraft(**asdict(graft))
+            self.graft = InputGraft(**graft)
 
     # ---- lifecycle ----
     def start(self) -> Self:

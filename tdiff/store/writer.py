@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 import os
 import queue
+import signal
 from concurrent.futures import Future
 import sys
 import threading
@@ -487,9 +488,18 @@ class _ShardWriters:
             del future, fn, args
 
 
+# signals a program ends or steers its processes with, which its handlers (tdiff capture's SIGTERM
+# one too) run on the main thread only: delivered to a writer thread, one does not interrupt the
+# main thread's blocking wait (a pool worker idle in its queue's lock), so its handler never runs
+_PROGRAM_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+                    signal.SIGALRM, signal.SIGCHLD}
+
+
 def _yield_to_the_model() -> None:
     """Lower this thread's scheduling priority (Linux schedules threads one by one): the model's
-    own threads keep the cores, and writing goes on in the time they leave."""
+    own threads keep the cores, and writing goes on in the time they leave. The program's signals
+    are blocked here, so that the kernel delivers them to the program's threads."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, _PROGRAM_SIGNALS)
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
     except (AttributeError, OSError):

@@ -1,6 +1,7 @@
 """The background writer: what reaches the manifest, from how many threads, and what it keeps."""
 
 import threading
+from pathlib import Path
 
 import torch
 
@@ -463,3 +464,20 @@ def test_ended_streamed_shards_are_flushed_before_their_open_files_pile_up(tmp_p
     assert _journaled_seqs(tmp_path) == list(range(count - 1))   # the last one's record comes later
     writer.close()
     assert [r.seq for r in open_dump(tmp_path / "d").records] == list(range(count))
+
+
+def test_the_writers_threads_leave_sigterm_to_the_programs_threads(tmp_path):
+    """A SIGTERM the kernel gave a writer thread left a pool worker, idle in its queue's lock, alive
+    with tdiff capture's handler never run (its flag set, the main thread never woken)."""
+    import signal
+
+    writer = _new_writer(tmp_path)
+    try:
+        threads = [t for t in threading.enumerate() if t.name.startswith(("tdiff-writer-p0", "tdiff-shards-p0"))]
+        assert threads
+        for thread in threads:
+            status = Path(f"/proc/self/task/{thread.native_id}/status").read_text()
+            blocked = int(next(line for line in status.splitlines() if line.startswith("SigBlk:")).split()[1], 16)
+            assert blocked & (1 << (signal.SIGTERM - 1)), thread.name
+    finally:
+        writer.close()

@@ -14,7 +14,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from tdiff.compare.distributed import map_over_processes, torchrun_world
+from tdiff.compare.distributed import Counting, map_over_processes, torchrun_world
 from tdiff.compare.metrics import EXACT, ReportedMetrics, TensorMetrics, Tolerance, json_number, measure
 from tdiff.compare.pairing import NameFilter, NamePairing, Pair, Pairing, Side, keep_uncompared, pair_layer
 from tdiff.compare.parallel import map_in_order, map_until_error
@@ -22,6 +22,7 @@ from tdiff.compare.result import CompareResult, DumpSide, TensorVerdict, status_
 from tdiff.compare.tokens import TokenVerdict, token_verdict
 from tdiff.errors import TdiffError
 from tdiff.store import Dump, Record
+from tdiff.store.reader import RankTally
 from tdiff.store.dtypes import stored_nbytes, torch_dtype
 from tdiff.store.fingerprint import fingerprint_algorithm, fingerprint_as
 from tdiff.vocab.kinds import record_kind
@@ -148,9 +149,11 @@ def _dump_side(dump: Dump) -> DumpSide:
 
 def compare_dumps(a: Dump, b: Dump, options: CompareOptions | None = None, *,
                   pairing: Pairing | None = None,
-                  progress: Callable[[int, int], None] | None = None, jobs: int = 1) -> CompareReport:
+                  progress: Callable[[int, int], None] | None = None, jobs: int = 1,
+                  echo: Callable[[str], None] | None = None) -> CompareReport:
     """Every pair of A and B measured; ``jobs`` pairs at a time (tdiff.compare.parallel), and under
-    torchrun split over its processes (tdiff.compare.distributed): the report is the same."""
+    torchrun split over its processes (tdiff.compare.distributed): the report is the same, and the
+    first process ``echo``es what each process compared and read."""
     options = options or CompareOptions()
     pairing = pairing or NamePairing()
     names = NameFilter.of(options.select, options.exclude, options.layers)
@@ -160,13 +163,14 @@ def compare_dumps(a: Dump, b: Dump, options: CompareOptions | None = None, *,
     if not pairs:
         raise TdiffError(names.nothing_left())
     alignment = getattr(pairing, "alignment", None)
-    comparisons = _compare_all(PairComparator(a, b, options.tolerance), pairs, jobs, progress, alignment)
+    comparisons = _compare_all(PairComparator(a, b, options.tolerance), pairs, jobs, progress, alignment, echo)
     return CompareReport(a, b, options, comparisons, pairing, alignment,
                          left_out=len(paired) - len(pairs))
 
 
 def _compare_all(comparator: PairComparator, pairs: list[Pair], jobs: int,
-                 progress: Callable[[int, int], None] | None, alignment) -> list[Comparison]:
+                 progress: Callable[[int, int], None] | None, alignment,
+                 echo: Callable[[str], None] | None) -> list[Comparison]:
     world = torchrun_world()
     # threads measure pairs at once while their bytes stay within the largest pair + 512 MB
     memory = max(map(_pair_bytes, pairs)) + (512 << 20)
@@ -177,6 +181,8 @@ def _compare_all(comparator: PairComparator, pairs: list[Pair], jobs: int,
         lambda share: map_until_error(comparator.compare, [pairs[i] for i in share], jobs=jobs,
                                       group_of=comparator.cache_key, weight_of=_pair_bytes, memory=memory),
         pairs, owner_key=lambda pair: pair.record.rank, world=world,
+        counting=Counting("pairs", comparator.compared, [dump.reads for dump in comparator.dumps]),
+        echo=echo,
         # the replica checks of every process's loads, as one process would have warned
         notes=lambda: list(getattr(alignment, "warnings", [])), take_note=getattr(alignment, "warn", lambda note: None))
 
@@ -205,8 +211,10 @@ class PairComparator:
         self.dumps = (a, b)
         self.tolerance = tolerance
         self._measured: dict[tuple, tuple[str, TensorMetrics | None, str | None]] = {}
+        self.compared = RankTally()   # the pairs compared, by rank
 
     def compare(self, pair: Pair) -> Comparison:
+        self.compared.add(pair.record.rank)
         if pair.a is None or pair.b is None:
             status = "only_b" if pair.a is None else "only_a"
             side = "B" if pair.a is None else "A"

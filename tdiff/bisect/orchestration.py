@@ -49,7 +49,8 @@ def run(*dumps: str | Path, run_a: str | None = None, run_b: str | None = None,
     (``builtin``, ``builtin:NAMES`` or a patch file) reruns side B under candidate fixes for the
     culprit's kind. ``stats_pass``, ``budget_bytes`` and ``steps`` shape online runs. Runs go to
     ``workdir`` (a new directory, kept) or to a temporary one removed before returning. ``echo``
-    receives one line per run made. ``jobs``: the streams of two dumps walked at once (bisect_dumps).
+    receives one line per run made and, under torchrun, one per process (what it compared and read).
+    ``jobs``: the streams of two dumps walked at once (bisect_dumps).
     """
     names = names or NameFilter()
     online = run_a is not None and not dumps
@@ -76,7 +77,7 @@ def run(*dumps: str | Path, run_a: str | None = None, run_b: str | None = None,
 
             final_a = open_dump(dumps[0], allow_incomplete=allow_incomplete)
             dump_b = open_dump(dumps[1], allow_incomplete=allow_incomplete)
-            result = bisect_dumps(final_a, dump_b, tolerance=tolerance, allow_unaligned=allow_unaligned, jobs=jobs,
+            result = bisect_dumps(final_a, dump_b, tolerance=tolerance, allow_unaligned=allow_unaligned, jobs=jobs, echo=echo,
                                   pairing=names.applied_to(choose_pairing(final_a, dump_b, mapping, align)))
             runner = Runner({"B": run_b}, work, echo) if graft and run_b is not None else None
         if result.first_divergence is None:

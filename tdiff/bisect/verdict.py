@@ -8,25 +8,27 @@ loaded and measured by :class:`tdiff.compare.engine.PairComparator`.
 
 from __future__ import annotations
 
-import threading
-
 from tdiff.compare.engine import Comparison, PairComparator, quantization_differs
 from tdiff.compare.metrics import Tolerance
 from tdiff.compare.pairing import Pair
 from tdiff.store import Dump
+from tdiff.store.reader import RankTally
 from tdiff.store.fingerprint import fingerprint_algorithm
 
 
 class EventComparator:
     def __init__(self, a: Dump, b: Dump, tolerance: Tolerance):
         self.tolerance = tolerance
+        self.dumps = (a, b)
         self._pairs = PairComparator(a, b, tolerance)
-        self.compared = 0
-        self._counting = threading.Lock()   # streams are walked on several threads (bisect_dumps' jobs)
+        self.events = RankTally()   # the events compared, by rank (streams are walked on several threads)
+
+    @property
+    def compared(self) -> int:
+        return sum(count for count, _ in self.events.snapshot().values())
 
     def compare(self, pair: Pair) -> Comparison:
-        with self._counting:
-            self.compared += 1
+        self.events.add(pair.record.rank)
         if _same_fingerprint(pair):
             return Comparison(name=pair.name, status="match", a=pair.a.record, b=pair.b.record,
                               kind=pair.kind)

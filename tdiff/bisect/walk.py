@@ -17,6 +17,7 @@ docs/BISECT.md explains the rules with examples.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from itertools import chain
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from tdiff.bisect.verdict import EventComparator
 from tdiff.compare.engine import Comparison, unaligned_notes
 from tdiff.compare.metrics import EXACT, Tolerance
 from tdiff.compare.pairing import NamePairing, Pair, Pairing
-from tdiff.compare.distributed import map_over_processes, torchrun_world
+from tdiff.compare.distributed import Counting, map_over_processes, torchrun_world
 from tdiff.compare.parallel import map_in_order, map_until_error
 from tdiff.errors import TdiffError
 from tdiff.store import Dump, open_dump
@@ -41,14 +42,16 @@ from tdiff.vocab.paths import ROOT_LABEL
 
 def bisect_dumps(dump_a: Dump | str | Path, dump_b: Dump | str | Path, *,
                  tolerance: Tolerance = EXACT, pairing: Pairing | None = None,
-                 allow_incomplete: bool = False, allow_unaligned: bool = False, jobs: int = 1) -> BisectResult:
+                 allow_incomplete: bool = False, allow_unaligned: bool = False, jobs: int = 1,
+                 echo: Callable[[str], None] | None = None) -> BisectResult:
     """Name the first op boundary where dump B departs from dump A.
 
     ``pairing`` decides which tensor of A is compared with which of B (default: by name, for two
     runs of the same program; cross-framework alignment supplies its own). A match of runs aligned
     by token that left rows of tokens both fed uncompared raises TdiffError, unless
     ``allow_unaligned`` (then a note says so). ``jobs`` streams (a rank's forward each) are walked
-    at once; the answer does not depend on it.
+    at once; the answer does not depend on it. Under torchrun the streams are dealt over its
+    processes, and the first ``echo``es what each process compared and read.
     """
     a, b = _opened(dump_a, allow_incomplete), _opened(dump_b, allow_incomplete)
     pairs = (pairing or NamePairing()).pair(a, b)
@@ -63,11 +66,12 @@ def bisect_dumps(dump_a: Dump | str | Path, dump_b: Dump | str | Path, *,
     comparator = EventComparator(a, b, tolerance)
     found = []
     streams = split_streams(pairs)
-    for stream, first in zip(streams, _walk_streams(streams, comparator, jobs)):
+    firsts, checked = _walk_streams(streams, comparator, jobs, echo)
+    for stream, first in zip(streams, firsts):
         if first is not None:
             found.append((first[1].record.step, stream.key[0], stream, *first))
     result = BisectResult(status="diverged" if found or missing else "match", first_divergence=None,
-                          checked=comparator.compared,
+                          checked=checked,
                           tolerance=tolerance.describe(),
                           sides={"a": str(a.path), "b": str(b.path)},
                           notes=_notes(a, b) + _missing_notes(missing) + _left_out_notes(pairing)
@@ -136,22 +140,22 @@ def _not_aligned_notes(pairing: Pairing | None) -> list[str]:
             f"first {name} ({reason})")]
 
 
-def _walk_streams(streams: list[Stream], comparator: EventComparator,
-                  jobs: int) -> list[tuple[int, Comparison] | None]:
-    """Each stream's first divergent event, ``jobs`` streams at a time; under torchrun the streams
-    are dealt over its processes by rank (tdiff.compare.distributed) and every process gets them all."""
+def _walk_streams(streams: list[Stream], comparator: EventComparator, jobs: int, echo: Callable[[str], None] | None
+                  ) -> tuple[list[tuple[int, Comparison] | None], int]:
+    """Each stream's first divergent event, ``jobs`` streams at a time, and how many events were
+    compared; under torchrun the streams are dealt over its processes by rank
+    (tdiff.compare.distributed) and every process gets them all."""
     def walk(stream: Stream) -> tuple[int, Comparison] | None:
         return _first_divergent(stream, comparator)
 
     world = torchrun_world()
     if world is None:
-        return map_in_order(walk, streams, jobs=jobs)
+        return map_in_order(walk, streams, jobs=jobs), comparator.compared
     firsts = map_over_processes(lambda share: map_until_error(walk, [streams[i] for i in share], jobs=jobs),
-                                streams, owner_key=lambda stream: stream.key[0], world=world)
+                                streams, owner_key=lambda stream: stream.key[0], world=world, echo=echo,
+                                counting=Counting("events", comparator.events, [dump.reads for dump in comparator.dumps]))
     # each process counted only its own share: the events every stream compared, as one process counts
-    comparator.compared = sum(len(stream.pairs) if first is None else first[0] + 1
-                              for stream, first in zip(streams, firsts))
-    return firsts
+    return firsts, sum(len(stream.pairs) if first is None else first[0] + 1 for stream, first in zip(streams, firsts))
 
 
 def _first_divergent(stream: Stream, comparator: EventComparator) -> tuple[int, Comparison] | None:

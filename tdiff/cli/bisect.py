@@ -81,7 +81,7 @@ def bisect(dumps, run_a, run_b, exact, atol, rtol, ulp, select, exclude, layers,
         allow_unaligned=allow_unaligned,
         graft=graft,        try_fixes=try_spec, stats_pass=not no_stats_pass, steps=steps, workdir=work,
         budget_bytes=int(budget_gb * GIB) if budget_gb is not None else None,
-        echo=lambda line: progress.print(line, highlight=False, markup=False), jobs=jobs)
+        echo=lambda line: progress.print(line, highlight=False, markup=False, soft_wrap=True), jobs=jobs)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=1))
     else:

@@ -49,7 +49,8 @@ def compare(dump_a, dump_b, layers, select, exclude, exact, atol, rtol, ulp, as_
     divergence.
 
     Under `torchrun --nnodes K --nproc-per-node M -m tdiff compare A B` the dumps' ranks are
-    split over the processes (a shared filesystem); the first process prints the one verdict.
+    split over the processes (a shared filesystem); the first process prints the one verdict, and
+    on stderr a line for each process: the ranks dealt to it, what it compared and what it read.
 
     Exit status: 0 all tensors match, 1 a divergence, 2 bad input (or tokens left uncompared).
     """
@@ -64,7 +65,8 @@ def compare(dump_a, dump_b, layers, select, exclude, exact, atol, rtol, ulp, as_
     with progress_bar("comparing", quiet=quiet) as advance:
         report = compare_dumps(a, b, CompareOptions(tolerance=tolerance, layers=layers, select=list(select),
                                                   exclude=list(exclude)),
-                               pairing=pairing, progress=advance, jobs=jobs)
+                               pairing=pairing, progress=advance, jobs=jobs,
+                               echo=None if quiet else lambda line: click.echo(line, err=True))
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=1))
     else:

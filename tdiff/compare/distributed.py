@@ -7,15 +7,25 @@ processes), each process loads and measures its own share only, and the verdicts
 the pairs' order, so every process holds the report a single process would have made. Only the
 first process (global rank 0) writes anything: the others' output goes to /dev/null.
 
-The processes talk over gloo (CPU): what travels is the verdicts, never a tensor.
+The processes talk over gloo (CPU): what travels is the verdicts, never a tensor. With them each
+process sends what it counted of its own work (:class:`ProcessShare`: the pairs or events its
+comparator compared and the tensors its dumps loaded, by the rank that recorded them), which the
+first process prints on stderr: the one account of who read what, since the report itself is the
+single-process one byte for byte.
 """
 
 from __future__ import annotations
 
 import os
+import socket
+import time
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from tdiff.store.reader import RankTally
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
@@ -61,9 +71,70 @@ def _process_group() -> Iterator[None]:
         dist.destroy_process_group()
 
 
+Tally = dict[int, tuple[int, int]]   # rank -> (items, bytes): tdiff.store.reader.RankTally's snapshot
+
+
+@dataclass(frozen=True)
+class Counting:
+    """Where a process's work is counted: ``compared`` counts each pair or event its comparator
+    compared (``unit``), ``read`` the tensors each dump loaded."""
+
+    unit: str
+    compared: RankTally
+    read: Sequence[RankTally]
+
+    def counted(self) -> tuple[Tally, Tally]:
+        reads: Tally = {}
+        for tally in self.read:
+            for rank, (count, nbytes) in tally.snapshot().items():
+                before = reads.get(rank, (0, 0))
+                reads[rank] = (before[0] + count, before[1] + nbytes)
+        return self.compared.snapshot(), reads
+
+
+@dataclass(frozen=True)
+class ProcessShare:
+    """What one process did of a run under torchrun, as it counted it: the dump ranks dealt to it,
+    the pairs or events it compared and the tensors it loaded (each by the rank that recorded
+    them), and how long its share took."""
+
+    process: int
+    processes: int
+    host: str
+    dealt: tuple[Hashable, ...]
+    unit: str
+    compared: Tally
+    read: Tally
+    seconds: float
+
+    def describe(self) -> str:
+        compared = sum(count for count, _ in self.compared.values())
+        tensors = sum(count for count, _ in self.read.values())
+        nbytes = sum(total for _, total in self.read.values())
+        read = (f"read {tensors:,} tensor(s) of rank(s) {_listed(self.read)} ({nbytes / 1e6:,.1f} MB)"
+                if tensors else "read no tensor")
+        return (f"tdiff: process {self.process} of {self.processes} ({self.host}) was dealt rank(s) "
+                f"{_listed(self.dealt) or 'none'}: compared {compared:,} {self.unit} of rank(s) "
+                f"{_listed(self.compared) or 'none'}; {read}; {self.seconds:.2f} s")
+
+
+def _listed(ranks) -> str:
+    return ", ".join(str(rank) for rank in sorted(ranks, key=repr))
+
+
+def _difference(after: Tally, before: Tally) -> Tally:
+    out = {}
+    for rank, (count, nbytes) in after.items():
+        was = before.get(rank, (0, 0))
+        if count > was[0]:
+            out[rank] = (count - was[0], nbytes - was[1])
+    return out
+
+
 def map_over_processes(work: Callable[[Sequence[int]], tuple[list[Result], Exception | None]],
                        items: Sequence[Item], *, owner_key: Callable[[Item], Hashable],
-                       world: tuple[int, int], notes: Callable[[], list[str]] = list,
+                       world: tuple[int, int], counting: Counting, echo: Callable[[str], None] | None = None,
+                       notes: Callable[[], list[str]] = list,
                        take_note: Callable[[str], None] = lambda note: None) -> list[Result]:
     """``work(indices)`` run by each process on its share of ``items`` (the items of one owner key
     all go to one process; keys dealt round-robin in sorted order), the results of all gathered in
@@ -71,28 +142,41 @@ def map_over_processes(work: Callable[[Sequence[int]], tuple[list[Result], Excep
     failed, and that error (tdiff.compare.parallel.map_until_error): the error of the earliest
     failing item over all processes is raised on every process, as a one-process run raises it.
     ``notes()`` (what the work wrote down beside its results: replica warnings) of every process
-    is handed to ``take_note`` on every process."""
+    is handed to ``take_note`` on every process. When no item failed, the first process ``echo``es
+    what each process counted of its own work while it ran (``counting``), a line for each."""
     import torch.distributed as dist
 
     rank, size = world
     keys = sorted({owner_key(item) for item in items}, key=repr)
     process_of = {key: position % size for position, key in enumerate(keys)}
     mine = [index for index, item in enumerate(items) if process_of[owner_key(item)] == rank]
+    compared_before, read_before = counting.counted()
+    started = time.perf_counter()
     results, error = work(mine)
-    outcome = (mine, results, error, notes())
+    seconds = time.perf_counter() - started
+    compared, read = counting.counted()
+    share = ProcessShare(process=rank, processes=size, host=socket.gethostname(),
+                         dealt=tuple(key for key in keys if process_of[key] == rank), unit=counting.unit,
+                         compared=_difference(compared, compared_before), read=_difference(read, read_before),
+                         seconds=seconds)
+    outcome = (mine, results, error, notes(), share)
     with _process_group():
         gathered: list = [None] * size
         dist.all_gather_object(gathered, outcome)
-    for *_, written in gathered:
+    for _, _, _, written, _ in gathered:
         for note in written:
             take_note(note)
-    return _merged(gathered, len(items))
+    merged = _merged(gathered, len(items))
+    if echo is not None and rank == 0:
+        for *_, process_share in gathered:
+            echo(process_share.describe())
+    return merged
 
 
 def _merged(gathered: list, total: int) -> list:
     results: list = [None] * total
     failures: list[tuple[int, BaseException]] = []
-    for indices, done, error, _ in gathered:
+    for indices, done, error, _, _ in gathered:
         for index, result in zip(indices, done):
             results[index] = result
         if error is not None:

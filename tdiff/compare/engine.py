@@ -7,6 +7,8 @@ once measured. A tensor stored once for several records (aliases) is measured on
 from __future__ import annotations
 
 import math
+import os
+import resource
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -14,17 +16,22 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from tdiff.compare.distributed import map_over_processes, torchrun_world
-from tdiff.compare.metrics import EXACT, ReportedMetrics, TensorMetrics, Tolerance, json_number, measure
+from tdiff.compare.distributed import Counting, map_over_processes, torchrun_world
+from tdiff.compare.metrics import (EXACT, WORKSPACE_BYTES, ReportedMetrics, TensorMetrics, Tolerance, json_number,
+                                  measure)
 from tdiff.compare.pairing import NameFilter, NamePairing, Pair, Pairing, Side, keep_uncompared, pair_layer
 from tdiff.compare.parallel import map_in_order, map_until_error
 from tdiff.compare.result import CompareResult, DumpSide, TensorVerdict, status_counts
 from tdiff.compare.tokens import TokenVerdict, token_verdict
 from tdiff.errors import TdiffError
 from tdiff.store import Dump, Record
+from tdiff.store.reader import RankTally
 from tdiff.store.dtypes import stored_nbytes, torch_dtype
 from tdiff.store.fingerprint import fingerprint_algorithm, fingerprint_as
 from tdiff.vocab.kinds import record_kind
+
+
+MEMORY_HEADROOM = 512 << 20   # issue 32: a compare peaks at its largest pair + 512 MB, whatever --jobs
 
 
 @dataclass
@@ -148,9 +155,11 @@ def _dump_side(dump: Dump) -> DumpSide:
 
 def compare_dumps(a: Dump, b: Dump, options: CompareOptions | None = None, *,
                   pairing: Pairing | None = None,
-                  progress: Callable[[int, int], None] | None = None, jobs: int = 1) -> CompareReport:
+                  progress: Callable[[int, int], None] | None = None, jobs: int = 1,
+                  echo: Callable[[str], None] | None = None) -> CompareReport:
     """Every pair of A and B measured; ``jobs`` pairs at a time (tdiff.compare.parallel), and under
-    torchrun split over its processes (tdiff.compare.distributed): the report is the same."""
+    torchrun split over its processes (tdiff.compare.distributed): the report is the same, and the
+    first process ``echo``es what each process compared and read."""
     options = options or CompareOptions()
     pairing = pairing or NamePairing()
     names = NameFilter.of(options.select, options.exclude, options.layers)
@@ -160,16 +169,16 @@ def compare_dumps(a: Dump, b: Dump, options: CompareOptions | None = None, *,
     if not pairs:
         raise TdiffError(names.nothing_left())
     alignment = getattr(pairing, "alignment", None)
-    comparisons = _compare_all(PairComparator(a, b, options.tolerance), pairs, jobs, progress, alignment)
+    comparisons = _compare_all(PairComparator(a, b, options.tolerance), pairs, jobs, progress, alignment, echo)
     return CompareReport(a, b, options, comparisons, pairing, alignment,
                          left_out=len(paired) - len(pairs))
 
 
 def _compare_all(comparator: PairComparator, pairs: list[Pair], jobs: int,
-                 progress: Callable[[int, int], None] | None, alignment) -> list[Comparison]:
+                 progress: Callable[[int, int], None] | None, alignment,
+                 echo: Callable[[str], None] | None) -> list[Comparison]:
     world = torchrun_world()
-    # threads measure pairs at once while their bytes stay within the largest pair + 512 MB
-    memory = max(map(_pair_bytes, pairs)) + (512 << 20)
+    memory = _memory_for_pairs(max(map(_pair_bytes, pairs)), jobs)
     if world is None:
         return map_in_order(comparator.compare, pairs, jobs=jobs, group_of=comparator.cache_key,
                             weight_of=_pair_bytes, memory=memory, progress=progress)
@@ -177,8 +186,27 @@ def _compare_all(comparator: PairComparator, pairs: list[Pair], jobs: int,
         lambda share: map_until_error(comparator.compare, [pairs[i] for i in share], jobs=jobs,
                                       group_of=comparator.cache_key, weight_of=_pair_bytes, memory=memory),
         pairs, owner_key=lambda pair: pair.record.rank, world=world,
+        counting=Counting("pairs", comparator.compared, [dump.reads for dump in comparator.dumps]),
+        echo=echo,
         # the replica checks of every process's loads, as one process would have warned
         notes=lambda: list(getattr(alignment, "warnings", [])), take_note=getattr(alignment, "warn", lambda note: None))
+
+
+def _memory_for_pairs(largest: int, jobs: int) -> int:
+    """The bytes of pairs that threads may measure at once (issue 32: compare's peak memory is at
+    most its largest pair + 512 MB): the largest pair, and what the 512 MB leave beside what the
+    process holds already (the interpreter, torch, the dumps' records) and its threads' scratch.
+    Where those take it all, pairs run together only within the largest pair's bytes."""
+    return largest + max(0, MEMORY_HEADROOM - resident_bytes() - jobs * WORKSPACE_BYTES)
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now (Linux's /proc; elsewhere its peak so far)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _pair_bytes(pair: Pair) -> int:
@@ -205,8 +233,10 @@ class PairComparator:
         self.dumps = (a, b)
         self.tolerance = tolerance
         self._measured: dict[tuple, tuple[str, TensorMetrics | None, str | None]] = {}
+        self.compared = RankTally()   # the pairs compared, by rank
 
     def compare(self, pair: Pair) -> Comparison:
+        self.compared.add(pair.record.rank)
         if pair.a is None or pair.b is None:
             status = "only_b" if pair.a is None else "only_a"
             side = "B" if pair.a is None else "A"

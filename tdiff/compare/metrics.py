@@ -64,6 +64,9 @@ import torch
 from tdiff.store.dtypes import FLOAT_BITS, to_bytes_view
 
 CHUNK_ELEMENTS = 1 << 18  # small enough for the temporaries to stay in cache-sized buffers
+# the most a thread's scratch arrays (_Workspace) take, once it has measured pairs of every dtype under
+# every rule (a bfloat16 dump compared bitwise takes 6 MB): compare counts it in its memory per thread
+WORKSPACE_BYTES = 28 << 20
 # signed, so that a float's sign bit is the integer's (negative where the signs differ, in _max_ulp)
 _SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 # their 0x80 is NaN, not -0: no -0 step between their negatives and +0
@@ -416,6 +419,10 @@ class _Workspace(threading.local):
         if key not in buffers or buffers[key].size < n:
             buffers[key] = np.empty(max(n, CHUNK_ELEMENTS), dtype=dtype)
         return buffers[key][:n]
+
+    def nbytes(self) -> int:
+        """What the calling thread's scratch arrays take."""
+        return sum(buffer.nbytes for buffer in self.__dict__.get("buffers", {}).values())
 
     def float32_of(self, name: str, t: torch.Tensor) -> np.ndarray:
         out = self.array(name, np.float32, t.numel())

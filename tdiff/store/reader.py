@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 
 import torch
@@ -30,6 +31,25 @@ from tdiff.errors import DumpError
 _FOREIGN_LOADERS = {sglang_dumper.FORMAT: sglang_dumper.load_tensor}
 
 
+class RankTally:
+    """How many items, and their bytes, by the rank that recorded them; added to from several
+    threads (compare's --jobs)."""
+
+    def __init__(self) -> None:
+        self._counts: dict[int, tuple[int, int]] = {}
+        self._adding = threading.Lock()
+
+    def add(self, rank: int, nbytes: int = 0) -> None:
+        with self._adding:
+            count, total = self._counts.get(rank, (0, 0))
+            self._counts[rank] = (count + 1, total + nbytes)
+
+    def snapshot(self) -> dict[int, tuple[int, int]]:
+        """rank -> (items, bytes) so far."""
+        with self._adding:
+            return dict(self._counts)
+
+
 class Dump:
     """A dump directory opened for reading. Tensors are loaded lazily, one at a time."""
 
@@ -42,6 +62,8 @@ class Dump:
         self.ops = ops or []     # op records (capture --ops), in execution order; bisect descends into them
         self.problems = problems
         self._shards: dict = {}  # file name -> its opened shard
+        # the tensors this process loaded and their bytes: under torchrun each process says what it read
+        self.reads = RankTally()
 
     def is_same_dump(self, other: Dump) -> bool:
         """Whether ``other`` is this dump's directory opened again (a match by construction)."""
@@ -82,7 +104,9 @@ class Dump:
     def load(self, record: Record) -> torch.Tensor:
         foreign = _FOREIGN_LOADERS.get(self.info.get("format", ""))
         if foreign is not None:
-            return foreign(self.path, record)
+            tensor = foreign(self.path, record)
+            self.reads.add(record.rank, tensor.numel() * tensor.element_size())
+            return tensor
         if record.file is None:
             raise DumpError(f"{self.path}: {record.name} was captured in stats mode and has no data; "
                             "capture it with --mode full")
@@ -93,6 +117,7 @@ class Dump:
         if fingerprint_algorithm(record.fingerprint) == "xxh3" and xxh3_fingerprint(tensor) != record.fingerprint:
             raise DumpError(f"{self.path / DATA_DIR / record.file}: tensor {record.key} ({record.name}) "
                             "does not match its fingerprint: the shard is corrupted")
+        self.reads.add(record.rank, stored.numel())
         return tensor
 
     def _shard(self, file: str):

@@ -1,12 +1,15 @@
 """`torchrun ... -m tdiff bisect` over two torchrun groups standing for two nodes (gloo, CPU): the
 ranks' event streams are dealt over the processes, and rank 0 prints the single-process answer
-byte for byte (the culprit, the trail and how many events were compared), the others nothing."""
+byte for byte (the culprit, the trail and how many events were compared), the others nothing;
+rank 0's stderr says what each process compared, which shows each walked its own ranks' streams."""
+
+import json
 
 import pytest
 from click.testing import CliRunner
 
 from tdiff.cli import cli
-from tests.compare.test_distributed import two_nodes
+from tests.compare.test_distributed import shares, two_nodes
 from tests.compare.test_parallel import ranked_dump
 
 
@@ -21,6 +24,17 @@ def test_two_nodes_name_the_single_process_culprit_once(tmp_path):
     assert outputs[0].stdout == single.stdout, outputs[0].stderr
     assert outputs[1].stdout == ""
     assert all(node.returncode != 0 for node in outputs)   # every process exits with the verdict's status
+    processes = shares(outputs[0].stderr)
+    assert sorted(processes) == [0, 1, 2, 3], outputs[0].stderr
+    dealt = [p["dealt"] for p in processes.values()]
+    assert set().union(*dealt) == set(range(8)) and sum(map(len, dealt)) == 8   # each rank to one process
+    # the split is real: each process walked its own ranks' streams only, and all of them together
+    # compared the events one process compares
+    assert all(p["dealt"] and p["compared_ranks"] == p["dealt"] for p in processes.values())
+    assert sum(p["compared"] for p in processes.values()) == json.loads(single.stdout)["checked"]
+    # equal fingerprints settle matches unread: the planted rank's process alone read tensors, of rank 5
+    assert {n: p["read_ranks"] for n, p in processes.items() if p["read"]} == \
+        {n: {5} for n, p in processes.items() if 5 in p["dealt"]}
 
 
 @pytest.mark.slow

@@ -2,6 +2,7 @@
 conversion."""
 
 import json
+import os
 
 import click
 import pytest
@@ -24,6 +25,7 @@ FAMILIES = {
     ("--batch-row",): {"capture", "patch try"},
     ("--steps",): {"capture", "patch try", "bisect"},
     ("--config",): {"patch apply", "patch check"},
+    ("--jobs",): {"compare", "bisect", "report", "patch try"},
 }
 SELECTIONS = {"tensors": {"compare", "bisect", "report"}, "modules": {"capture", "patch try"}}
 
@@ -46,6 +48,13 @@ def declaration(command, flag: str):
         return None
     return (option.name, tuple(option.opts), json.dumps(option.type.to_info_dict(), sort_keys=True, default=str), option.metavar, option.multiple,
             option.is_flag, option.default, option.required)
+
+
+def test_jobs_default_to_the_cores_this_process_may_use():
+    for name, command in leaf_commands().items():
+        jobs = next((p for p in command.params if "--jobs" in p.opts), None)
+        if jobs is not None:   # issue 32: not os.cpu_count(), which counts cores a pinned process cannot run on
+            assert jobs.default == len(os.sched_getaffinity(0)), name
 
 
 @pytest.mark.parametrize("flags", list(FAMILIES), ids=lambda flags: flags[0])

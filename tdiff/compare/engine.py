@@ -6,6 +6,7 @@ once measured. A tensor stored once for several records (aliases) is measured on
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import resource
@@ -20,7 +21,7 @@ from tdiff.compare.distributed import Counting, map_over_processes, torchrun_wor
 from tdiff.compare.metrics import (EXACT, WORKSPACE_BYTES, ReportedMetrics, TensorMetrics, Tolerance, json_number,
                                   measure)
 from tdiff.compare.pairing import NameFilter, NamePairing, Pair, Pairing, Side, keep_uncompared, pair_layer
-from tdiff.compare.parallel import map_in_order, map_until_error
+from tdiff.compare.parallel import map_in_order, map_until_error, spread
 from tdiff.compare.result import CompareResult, DumpSide, TensorVerdict, status_counts
 from tdiff.compare.tokens import TokenVerdict, token_verdict
 from tdiff.errors import TdiffError
@@ -254,7 +255,8 @@ class PairComparator:
         cache_key = self.cache_key(pair)
         if cache_key in self._measured:
             return self._result(pair, *self._measured[cache_key])
-        ta, tb = self._load(pair.a, 0), self._load(pair.b, 1)
+        # the two loads (each checked against its fingerprint) at once where a thread is idle
+        ta, tb = spread([functools.partial(self._load, pair.a, 0), functools.partial(self._load, pair.b, 1)])
         verdict: tuple[str, TensorMetrics | None, str | None]
         tokens = None
         if cache_key is not None and _same_verified_fingerprint(ra, rb):

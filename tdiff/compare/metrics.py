@@ -56,16 +56,22 @@ import functools
 import math
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
+from typing import ClassVar
 
 import numpy as np
 import torch
 
+from tdiff.compare.parallel import spread
 from tdiff.store.dtypes import FLOAT_BITS, to_bytes_view
 
 CHUNK_ELEMENTS = 1 << 18  # small enough for the temporaries to stay in cache-sized buffers
-# the most a thread's scratch arrays (_Workspace) take, once it has measured pairs of every dtype under
-# every rule (a bfloat16 dump compared bitwise takes 6 MB): compare counts it in its memory per thread
+PIECE_ELEMENTS = 1 << 23  # a large tensor's pieces, measured on threads of their own (issue 32)
+# the most a workspace's scratch arrays (_Workspace) take, once it has measured pairs of every dtype under
+# every rule (a bfloat16 dump compared bitwise takes 6 MB): there are as many as threads measuring at
+# once, and compare counts it in its memory per thread
 WORKSPACE_BYTES = 28 << 20
 # signed, so that a float's sign bit is the integer's (negative where the signs differ, in _max_ulp)
 _SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -270,12 +276,13 @@ def beyond_tolerance(a: np.ndarray, b: np.ndarray, tolerance: Tolerance) -> np.n
     judged in float64 (float32's rounding of |a-b| or of the bound would move elements across
     it); integer arrays (both) are differenced exactly (see :func:`integer_abs_difference`)."""
     out = np.empty(a.shape, dtype=bool)
-    _beyond_into(a.reshape(-1), b.reshape(-1), tolerance, out.reshape(-1))
+    with _workspace.held():
+        _beyond_into(a.reshape(-1), b.reshape(-1), tolerance, out.reshape(-1))
     return out
 
 
 def _beyond_into(a: np.ndarray, b: np.ndarray, tolerance: Tolerance, out: np.ndarray) -> None:
-    """:func:`beyond_tolerance` of flat arrays into ``out``, in per-thread scratch arrays."""
+    """:func:`beyond_tolerance` of flat arrays into ``out``, in the thread's workspace."""
     n = a.size
     difference = _workspace.array("tolerance_difference", np.float64, n)
     bound = _workspace.array("tolerance_bound", np.float64, n)
@@ -362,23 +369,39 @@ class Measured:
 
 def measure(a: torch.Tensor, b: torch.Tensor, tolerance: Tolerance = EXACT, *, by_rows: bool = False) -> Measured:
     """:func:`compare_tensors`, and with ``by_rows`` the rows that differ, in the same pass: each
-    chunk is read once for every metric and the rows' verdicts."""
+    chunk is read once for every metric and the rows' verdicts. A tensor of more than
+    :data:`PIECE_ELEMENTS` is measured in pieces of that many elements, folded in order, which
+    :func:`tdiff.compare.parallel.spread` shares with idle threads: where the pieces fall does not
+    depend on the threads, so neither does the result."""
     if a.is_complex():
         a = torch.view_as_real(a.to(torch.complex64) if a.dtype == torch.complex32 else a)
     if b.is_complex():
         b = torch.view_as_real(b.to(torch.complex64) if b.dtype == torch.complex32 else b)
     if a.shape != b.shape:
         raise ValueError(f"shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}")
-    rows = _Rows(a.shape[0], math.prod(a.shape[1:])) if by_rows and a.dim() else None
-    acc = _Accumulator(a.dtype, b.dtype, tolerance.at_scale(a, b), rows)
+    with _workspace.held():
+        element_rule = tolerance.at_scale(a, b)
+    rows = (a.shape[0], math.prod(a.shape[1:])) if by_rows and a.dim() else None
     a_flat, b_flat = a.reshape(-1), b.reshape(-1)
     # one dtype: the bit patterns compare (views of the whole tensors, sliced chunk by chunk)
-    bits = (_bits(a_flat), _bits(b_flat)) if acc.same_dtype else None
-    for start in range(0, a_flat.numel(), CHUNK_ELEMENTS):
-        end = start + CHUNK_ELEMENTS
-        acc.add(a_flat[start:end], b_flat[start:end], start,
-                (bits[0][start:end], bits[1][start:end]) if bits is not None else None)
-    rows_differ = rows.differ if rows is not None else None
+    bits = (_bits(a_flat), _bits(b_flat)) if a.dtype == b.dtype else None
+
+    # whole chunks: they fall where one pass over the tensor puts them
+    piece_elements = max(1, PIECE_ELEMENTS // CHUNK_ELEMENTS) * CHUNK_ELEMENTS
+
+    def piece(begin: int) -> _Accumulator:
+        acc = _Accumulator(a.dtype, b.dtype, element_rule, _Rows(*rows) if rows is not None else None)
+        with _workspace.held():
+            for start in range(begin, min(begin + piece_elements, a_flat.numel()), CHUNK_ELEMENTS):
+                end = start + CHUNK_ELEMENTS
+                acc.add(a_flat[start:end], b_flat[start:end], start,
+                        (bits[0][start:end], bits[1][start:end]) if bits is not None else None)
+        return acc
+
+    acc, *rest = spread([functools.partial(piece, begin) for begin in range(0, max(a_flat.numel(), 1), piece_elements)])
+    for other in rest:
+        acc.fold(other)
+    rows_differ = acc.rows.differ if acc.rows is not None else None
     if acc.same_dtype and acc.mismatched == 0:
         return Measured(TensorMetrics(numel=a.numel(), bitwise_equal=True), rows_differ)
     return Measured(acc.result(tuple(a.shape)), rows_differ)
@@ -403,26 +426,31 @@ class _Rows:
         reduce = np.logical_or if fails.dtype == np.bool_ else np.bitwise_or
         self.differ[first:first + starts.size] |= reduce.reduceat(fails, starts) != 0
 
+    def fold(self, other: _Rows) -> None:
+        """Fold in the rows another piece of the tensor found differing."""
+        self.differ |= other.differ
+
     def add_all(self, offset: int, size: int) -> None:
         """Every row the chunk touches fails (tensors of two dtypes are never bitwise equal)."""
         if size and self.width:
             self.differ[offset // self.width:(offset + size - 1) // self.width + 1] = True
 
 
-class _Workspace(threading.local):
-    """Per-thread scratch arrays of one chunk. Fresh arrays would be page-faulted in anew for
-    every chunk, which costs more than the arithmetic on them."""
+class _Workspace:
+    """Scratch arrays of one chunk. Fresh arrays would be page-faulted in anew for every chunk,
+    which costs more than the arithmetic on them."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[tuple, np.ndarray] = {}
 
     def array(self, name: str, dtype, n: int) -> np.ndarray:
         key = (name, np.dtype(dtype))
-        buffers = self.__dict__.setdefault("buffers", {})
-        if key not in buffers or buffers[key].size < n:
-            buffers[key] = np.empty(max(n, CHUNK_ELEMENTS), dtype=dtype)
-        return buffers[key][:n]
+        if key not in self.buffers or self.buffers[key].size < n:
+            self.buffers[key] = np.empty(max(n, CHUNK_ELEMENTS), dtype=dtype)
+        return self.buffers[key][:n]
 
     def nbytes(self) -> int:
-        """What the calling thread's scratch arrays take."""
-        return sum(buffer.nbytes for buffer in self.__dict__.get("buffers", {}).values())
+        return sum(buffer.nbytes for buffer in self.buffers.values())
 
     def float32_of(self, name: str, t: torch.Tensor) -> np.ndarray:
         out = self.array(name, np.float32, t.numel())
@@ -430,7 +458,49 @@ class _Workspace(threading.local):
         return out
 
 
-_workspace = _Workspace()
+class _Workspaces(threading.local):
+    """The workspace of the measuring a thread does now, taken from those no thread is using (so
+    there are never more than threads measuring at once, however many threads have measured):
+    :meth:`held` binds one to the thread for the length of a measuring."""
+
+    _idle: ClassVar[list[_Workspace]] = []   # shared by every thread
+    _idle_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self) -> None:
+        self.bound: _Workspace | None = None
+
+    @contextmanager
+    def held(self) -> Iterator[_Workspace]:
+        if self.bound is not None:   # a measuring inside one (a piece run by its caller)
+            yield self.bound
+            return
+        with self._idle_lock:
+            self.bound = self._idle.pop() if self._idle else _Workspace()
+        try:
+            yield self.bound
+        finally:
+            with self._idle_lock:
+                self._idle.append(self.bound)
+            self.bound = None
+
+    def array(self, name: str, dtype, n: int) -> np.ndarray:
+        return self._current().array(name, dtype, n)
+
+    def float32_of(self, name: str, t: torch.Tensor) -> np.ndarray:
+        return self._current().float32_of(name, t)
+
+    def nbytes(self) -> int:
+        """What the workspaces of every thread take."""
+        with self._idle_lock:
+            return sum(w.nbytes() for w in self._idle) + (self.bound.nbytes() if self.bound else 0)
+
+    def _current(self) -> _Workspace:
+        if self.bound is None:
+            raise RuntimeError("metrics scratch used outside _workspace.held()")
+        return self.bound
+
+
+_workspace = _Workspaces()
 
 
 def _bits(t: torch.Tensor) -> np.ndarray:
@@ -544,6 +614,19 @@ class _SquareSums:
             self.a, self.b, self.diff = (math.ldexp(s, 2 * (self.shift - wanted)) for s in (self.a, self.b, self.diff))
             self.shift = wanted
         return [np.ldexp(x.astype(np.float64), -self.shift) for x in arrays]
+
+    def fold(self, other: _SquareSums) -> None:
+        """Fold in the sums of a later piece: both brought to the larger shift (one that holds only
+        zeros takes the other's)."""
+        if not (other.a or other.b):
+            return
+        if not (self.a or self.b):
+            self.a, self.b, self.diff, self.shift = other.a, other.b, other.diff, other.shift
+            return
+        shift = max(self.shift, other.shift)
+        self.a, self.b, self.diff = (math.ldexp(s, 2 * (self.shift - shift)) for s in (self.a, self.b, self.diff))
+        self.shift = shift
+        self._fold(*(math.ldexp(s, 2 * (other.shift - shift)) for s in (other.a, other.b, other.diff)))
 
     def _fold(self, square_a: float, square_b: float, square_diff: float) -> None:
         self.a += square_a
@@ -683,6 +766,20 @@ class _Accumulator:
                                                           self.negative_zero_steps))
         elif self.int_ulp:
             self.max_ulp = max(self.max_ulp, int(largest))
+
+    def fold(self, other: _Accumulator) -> None:
+        """Fold in the accumulator of the piece that follows this one's (as :meth:`add` folds a
+        chunk in: the earliest worst element stays on ties)."""
+        for name in ("numel", "mismatched", "outside", "nan_mismatch", "valid", "sum_abs"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name in ("max_abs", "max_rel", "max_ulp", "magnitude"):
+            setattr(self, name, max(getattr(self, name), getattr(other, name)))
+        self.ulp_defined = self.ulp_defined and other.ulp_defined
+        self.squares.fold(other.squares)
+        if other.worst is not None and (self.worst is None or other.worst[0] > self.worst[0]):
+            self.worst = other.worst
+        if self.rows is not None and other.rows is not None:
+            self.rows.fold(other.rows)
 
     def _beyond_finite(self, av: np.ndarray, bv: np.ndarray, diff: np.ndarray, scale: np.ndarray,
                        out: np.ndarray) -> None:

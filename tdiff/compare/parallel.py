@@ -1,4 +1,5 @@
-"""Comparing many pairs on several threads, the results in the pairs' order.
+"""Comparing many pairs on several threads, the results in the pairs' order, and a large pair's
+pieces on the threads the pairs leave idle.
 
 Loading, the fingerprint check and the metrics of one pair run on one thread; pairs run on up to
 ``jobs`` threads at once. numpy's passes, reading the mapped pages and the XXH3 check of a loaded
@@ -12,6 +13,12 @@ Memory: a group holds its pair's tensors only while it runs, and groups start on
 bytes of those running (``weight_of``) stay within ``memory`` (one group alone always may), so
 memory stays that of the largest pair plus ``memory``'s headroom, whatever ``jobs`` is.
 
+A pair's own work can be split too (:func:`spread`: its two loads, the pieces of its metrics): the
+pieces run on the calling thread and on helper threads, as many as ``jobs`` less the pairs running
+at that moment (a pair waiting for memory runs nothing), so no more than ``jobs`` threads compute
+at once. The largest pairs, which run nearly alone, thus use every thread; in a run of small
+pairs nothing is split.
+
 Torch runs on one thread meanwhile: the jobs are the parallelism. Its intra-op threads split each
 256 K-element chunk of the metrics, too little work to pay for waking them: on this project's
 2-core machine under load, a planted pair took 6 to 11 s with torch's 2 threads against 1.2 to
@@ -20,6 +27,7 @@ Torch runs on one thread meanwhile: the jobs are the parallelism. Its intra-op t
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -96,8 +104,112 @@ def map_until_error(work: Callable[[Item], Result], items: Sequence[Item], *, jo
     (None when every item was done)."""
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, not {jobs}")
-    with _torch_on_one_thread():
-        return _map_until_error(work, items, jobs, group_of, weight_of, memory, progress)
+    with _torch_on_one_thread(), _Helpers.of(jobs) as helpers:
+        return _map_until_error(helpers.running(work), items, jobs, group_of, weight_of, memory, progress)
+
+
+def spread(pieces: Sequence[Callable[[], Result]]) -> list[Result]:
+    """``[piece() for piece in pieces]``, the pieces shared with the idle threads of the
+    :func:`map_in_order` this runs in (on its own, or with no thread idle, one after another);
+    the error of the earliest piece that raised is raised, once every piece started has ended."""
+    helpers = getattr(_current, "helpers", None)
+    if helpers is None or len(pieces) < 2:
+        return [piece() for piece in pieces]
+    return helpers.spread(pieces)
+
+
+_current = threading.local()   # the _Helpers of the map_in_order whose work this thread runs
+
+
+class _Helpers:
+    """The threads of one :func:`map_in_order` that run no item: :func:`spread` lends them pieces.
+    At most ``jobs`` threads compute at once, items and lent helpers together; an item waiting to
+    start calls the helpers back (each ends with the piece it holds), since items come in order
+    and the results wait for them."""
+
+    def __init__(self, jobs: int):
+        self.jobs = jobs
+        self._busy = 0      # threads computing: items running, helpers lent
+        self._waiting = 0   # items waiting for a thread to be given back
+        self._changed = threading.Condition()
+        self._pool: ThreadPoolExecutor | None = None
+
+    @classmethod
+    @contextmanager
+    def of(cls, jobs: int) -> Iterator[_Helpers]:
+        helpers = cls(jobs)
+        try:
+            yield helpers
+        finally:
+            if helpers._pool is not None:
+                helpers._pool.shutdown(wait=True)
+
+    def running(self, work: Callable[[Item], Result]) -> Callable[[Item], Result]:
+        """``work``, run once a thread is free of lent pieces, its :func:`spread` lent to these helpers."""
+        def counted(item: Item) -> Result:
+            with self._changed:
+                self._waiting += 1
+                self._changed.wait_for(lambda: self._busy < self.jobs)
+                self._waiting -= 1
+                self._busy += 1
+            before = getattr(_current, "helpers", None)
+            _current.helpers = self
+            try:
+                return work(item)
+            finally:
+                _current.helpers = before
+                self._give_back()
+        return counted
+
+    def _give_back(self) -> None:
+        with self._changed:
+            self._busy -= 1
+            self._changed.notify_all()
+
+    def spread(self, pieces: Sequence[Callable[[], Result]]) -> list[Result]:
+        with self._changed:
+            lent = max(0, min(self.jobs - self._busy, len(pieces) - 1)) if not self._waiting else 0
+            self._busy += lent
+        outcomes: list = [None] * len(pieces)
+        indices = itertools.count()   # next() is atomic under the GIL: each piece is taken once
+        stop = threading.Event()      # a piece failed, or the caller was interrupted: start no more
+
+        def take_pieces(called_back: Callable[[], bool]) -> None:
+            while not stop.is_set() and not called_back() and (index := next(indices)) < len(pieces):
+                try:
+                    outcomes[index] = pieces[index]()
+                except Exception as exc:  # noqa: BLE001 - raised below, the earliest first
+                    outcomes[index] = _Failed(exc)
+                    stop.set()
+
+        def helper() -> None:
+            before = getattr(_current, "helpers", None)
+            _current.helpers = self
+            try:
+                take_pieces(lambda: self._waiting > 0)
+            finally:
+                _current.helpers = before
+                self._give_back()
+
+        futures = [self._executor().submit(helper) for _ in range(lent)]
+        try:
+            take_pieces(lambda: False)
+        except BaseException:   # an interrupt: the helpers end with the pieces they hold
+            stop.set()
+            raise
+        finally:
+            for future in futures:
+                future.result()
+        for outcome in outcomes:
+            if isinstance(outcome, _Failed):
+                raise outcome.error
+        return outcomes
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._changed:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="tdiff-piece")
+            return self._pool
 
 
 @contextmanager

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from tdiff.compare import metrics
 from tdiff.compare.metrics import EXACT, Tolerance, measure, ulp_at
+from tdiff.compare.parallel import map_in_order
 from tdiff.store.dtypes import FLOAT_BITS
 
 FLOATS = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2,
@@ -121,9 +122,12 @@ def reference(a: torch.Tensor, b: torch.Tensor, tolerance: Tolerance) -> dict:
             "rows_differ": [any(fails[r * width:(r + 1) * width]) for r in range(a.shape[0])]}
 
 
-def measured(a, b, tolerance, chunk: int):
-    with mock.patch.object(metrics, "CHUNK_ELEMENTS", chunk):
-        return measure(a, b, tolerance, by_rows=True)
+def measured(a, b, tolerance, chunk: int, *, piece: int = 1 << 23, jobs: int = 1):
+    """measure() in chunks of ``chunk`` elements, pieces of ``piece`` (rounded down to whole chunks),
+    in a run of ``jobs`` threads (all but this one idle: they take pieces)."""
+    with mock.patch.object(metrics, "CHUNK_ELEMENTS", chunk), mock.patch.object(metrics, "PIECE_ELEMENTS", piece):
+        (result,) = map_in_order(lambda _: measure(a, b, tolerance, by_rows=True), [None], jobs=jobs)
+    return result
 
 
 @settings(max_examples=400, deadline=None)
@@ -162,6 +166,30 @@ def test_chunks_of_any_size_give_the_metrics_of_one_chunk(pair, tolerance, chunk
     for field in ("max_abs", "mean_abs", "max_ulp_at_scale"):   # sums in float64: rounding order only
         expected = getattr(w, field)
         assert getattr(c, field) == (expected if expected is None else pytest.approx(expected, rel=1e-6)), field
+
+
+@settings(max_examples=200, deadline=None)
+@given(pairs(same_dtype=False), tolerances, st.integers(1, 4), st.integers(1, 9), st.integers(2, 5))
+def test_pieces_on_any_number_of_threads_give_the_metrics_of_one_pass(pair, tolerance, chunk, piece, jobs):
+    """A large tensor's pieces, measured on idle threads and folded in order: the verdicts of one
+    pass, and the same result to the last bit on one thread or on ``jobs``."""
+    a, b = pair
+    whole = measured(a, b, tolerance, chunk, piece=1 << 20)
+    alone = measured(a, b, tolerance, chunk, piece=piece * chunk)
+    spread = measured(a, b, tolerance, chunk, piece=piece * chunk, jobs=jobs)
+    assert repr(spread.metrics) == repr(alone.metrics)   # every float to the last bit (NaN too)
+    assert np.array_equal(spread.rows_differ, alone.rows_differ)
+    assert np.array_equal(alone.rows_differ, whole.rows_differ)
+    w, p = whole.metrics, alone.metrics
+    for field in ("numel", "bitwise_equal", "mismatched", "outside_tolerance", "nan_mismatch", "max_ulp",
+                  "worst_index", "max_abs", "max_rel"):
+        assert getattr(p, field) == getattr(w, field), field
+    for field in ("mean_abs", "max_ulp_at_scale", "cosine"):   # sums folded piece by piece: rounding order only
+        expected = getattr(w, field)
+        if expected is None or math.isnan(expected):
+            assert getattr(p, field) is expected or math.isnan(getattr(p, field)), field
+        else:
+            assert getattr(p, field) == pytest.approx(expected, rel=1e-6, abs=1e-12), field
 
 
 @settings(max_examples=100, deadline=None)

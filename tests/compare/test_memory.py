@@ -47,7 +47,7 @@ DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.flo
           torch.int64, torch.uint8, torch.bool]
 
 
-def test_a_threads_scratch_stays_within_what_compare_counts_per_thread():
+def test_a_threads_scratch_stays_within_what_compare_counts_per_thread(monkeypatch):
     """The workspace of a thread that measured differing pairs of every dtype, each against its own
     dtype and against float32, under every rule and with rows, the tensors larger than a chunk."""
     sizes = []
@@ -65,7 +65,8 @@ def test_a_threads_scratch_stays_within_what_compare_counts_per_thread():
                         measure(a, other, rule, by_rows=by_rows)
         sizes.append(metrics._workspace.nbytes())
 
-    thread = threading.Thread(target=measure_everything)   # a fresh thread: a workspace of its own
+    monkeypatch.setattr(metrics._Workspaces, "_idle", [])   # no workspace of earlier tests: one of its own
+    thread = threading.Thread(target=measure_everything)
     thread.start()
     thread.join()
     assert sizes and 0 < sizes[0] <= WORKSPACE_BYTES, sizes

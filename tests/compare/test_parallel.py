@@ -1,10 +1,12 @@
 """Comparing on several threads (--jobs) gives the one-thread answer: rows, first divergence,
 JSON byte for byte, and the same error at the same pair."""
 
+import functools
 import json
 import os
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,7 @@ from hypothesis import given, settings, strategies as st
 import tdiff
 from tdiff.cli import cli
 from tdiff.compare import compare_dumps
-from tdiff.compare.parallel import map_in_order
+from tdiff.compare.parallel import map_in_order, spread
 from tdiff.errors import DumpError
 from tdiff.store import open_dump
 
@@ -132,3 +134,68 @@ def test_map_in_order_is_the_list_comprehension_and_raises_its_first_error(faili
     else:
         assert got == expected and done == list(range(1, 41))
     assert most[0] <= memory   # pairs run together only within the memory they were given
+
+
+def test_a_pairs_pieces_run_on_the_threads_the_pairs_leave_idle():
+    """One pair among 3 threads: its two pieces run at once (the first waits for the second)."""
+    second_ran = threading.Event()
+
+    def first():
+        assert second_ran.wait(timeout=30), "the pieces ran one after another"
+        return "first"
+
+    def second():
+        second_ran.set()
+        return "second"
+
+    assert map_in_order(lambda _: spread([first, second]), [None], jobs=3) == [["first", "second"]]
+    assert spread([second, lambda: "alone"]) == ["second", "alone"]   # outside a run: one after another
+
+
+@settings(deadline=None, max_examples=60)
+@given(jobs=st.integers(1, 5), items=st.integers(1, 6), pieces=st.integers(0, 10),
+       failing=st.sets(st.tuples(st.integers(0, 5), st.integers(0, 9)), max_size=3))
+def test_spread_is_the_list_comprehension_on_at_most_jobs_threads(jobs, items, pieces, failing):
+    computing, most = [0], [0]
+    lock = threading.Lock()
+
+    def piece(item, index):
+        with lock:
+            computing[0] += 1
+            most[0] = max(most[0], computing[0])
+        try:
+            time.sleep(0.0005)
+            if (item, index) in failing:
+                raise ValueError(item, index)
+            return item * 100 + index
+        finally:
+            with lock:
+                computing[0] -= 1
+
+    def work(item):
+        with lock:   # the pair's own thread computes too
+            computing[0] += 1
+            most[0] = max(most[0], computing[0])
+        try:
+            time.sleep(0.0005)
+        finally:
+            with lock:
+                computing[0] -= 1
+        return spread([functools.partial(piece, item, index) for index in range(pieces)])
+
+    def one_thread(item):
+        return [piece(item, index) for index in range(pieces)]
+
+    try:
+        expected = [one_thread(item) for item in range(items)]
+    except ValueError as exc:
+        expected = exc
+    try:
+        got = map_in_order(work, range(items), jobs=jobs)
+    except ValueError as exc:
+        got = exc
+    if isinstance(expected, ValueError):
+        assert isinstance(got, ValueError) and got.args == expected.args   # the earliest failing piece
+    else:
+        assert got == expected
+    assert most[0] <= jobs

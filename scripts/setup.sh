@@ -19,6 +19,15 @@ if ! command -v chromium >/dev/null 2>&1; then
   fi
 fi
 
+# compare's compiled pass (tdiff/compare/compiled.py): built for this machine's processor; without
+# it compare measures every tensor with numpy, slower on many threads
+kernel=tdiff/compare/measure_kernel
+if [ ! -f "$kernel.so" ] || [ "$kernel.c" -nt "$kernel.so" ]; then
+  echo "setup: cc $kernel.c" >&2
+  cc -O3 -march=native -ffp-contract=off -shared -fPIC -o "$kernel.so" "$kernel.c" \
+    || echo "setup: warning: $kernel.c did not build; compare measures with numpy alone" >&2
+fi
+
 venv="${TDIFF_VENV:-.venv}"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 # shellcheck disable=SC1091

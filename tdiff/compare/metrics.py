@@ -64,6 +64,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from tdiff.compare import compiled
 from tdiff.compare.parallel import spread
 from tdiff.store.dtypes import FLOAT_BITS, to_bytes_view
 
@@ -391,6 +392,8 @@ def measure(a: torch.Tensor, b: torch.Tensor, tolerance: Tolerance = EXACT, *, b
 
     def piece(begin: int) -> _Accumulator:
         acc = _Accumulator(a.dtype, b.dtype, element_rule, _Rows(*rows) if rows is not None else None)
+        if acc.add_compiled(a_flat[begin:begin + piece_elements], b_flat[begin:begin + piece_elements], begin):
+            return acc
         with _workspace.held():
             for start in range(begin, min(begin + piece_elements, a_flat.numel()), CHUNK_ELEMENTS):
                 end = start + CHUNK_ELEMENTS
@@ -615,6 +618,11 @@ class _SquareSums:
             self.shift = wanted
         return [np.ldexp(x.astype(np.float64), -self.shift) for x in arrays]
 
+    def add_sums(self, square_a: float, square_b: float, square_diff: float) -> None:
+        """Fold in sums computed in float64 from values of 32 bits or fewer (the compiled pass),
+        which neither pass float64 nor vanish in it."""
+        self._fold(*(_times_power_of_two(s, -2 * self.shift) for s in (square_a, square_b, square_diff)))
+
     def fold(self, other: _SquareSums) -> None:
         """Fold in the sums of a later piece: both brought to the larger shift (one that holds only
         zeros takes the other's)."""
@@ -766,6 +774,32 @@ class _Accumulator:
                                                           self.negative_zero_steps))
         elif self.int_ulp:
             self.max_ulp = max(self.max_ulp, int(largest))
+
+    def add_compiled(self, a: torch.Tensor, b: torch.Tensor, offset: int) -> bool:
+        """Fold in a piece measured by the compiled pass (tdiff.compare.compiled), where it applies:
+        one float dtype it knows, the bitwise rule, and only finite values; else False."""
+        if not (self.same_dtype and self.dtype in compiled.KINDS and self.tolerance.exact):
+            return False
+        rows = self.rows
+        piece = compiled.measure_bitwise(a, b, rows.differ if rows is not None else None,
+                                         rows.width if rows is not None else 0, offset)
+        if piece is None:
+            return False
+        self.numel += a.numel()
+        self.valid += a.numel()
+        self.magnitude = max(self.magnitude, float(piece.magnitude))
+        self.squares.add_sums(piece.square_a, piece.square_b, piece.square_diff)
+        if piece.mismatched:
+            self.mismatched += piece.mismatched
+            self.outside += piece.mismatched
+            self.sum_abs += piece.sum_abs
+            largest = float(piece.max_abs)
+            if self.worst is None or largest > self.worst[0]:
+                self.worst = (largest, offset + piece.worst_index, float(piece.worst_a), float(piece.worst_b))
+            self.max_abs = max(self.max_abs, largest)
+            self.max_rel = max(self.max_rel, float(piece.max_rel))
+            self.max_ulp = max(self.max_ulp, piece.max_ulp)
+        return True
 
     def fold(self, other: _Accumulator) -> None:
         """Fold in the accumulator of the piece that follows this one's (as :meth:`add` folds a

@@ -1,0 +1,55 @@
+"""The compiled pass of tdiff/compare/measure_kernel.c, where scripts/setup.sh built it.
+
+It measures a piece of a bfloat16 or float32 pair under the bitwise rule in one pass that lets go
+of the GIL (numpy's passes take it back between calls, so threads measuring at once waited on it
+for half their time on the GPU machine's 16 cores: docs/PERFORMANCE.md, issue 32). Where the
+library is missing, or a piece holds a NaN or an infinity, numpy measures it: the figures are
+the same, but for the last bits of the sums.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+import torch
+
+LIBRARY = Path(__file__).with_name("measure_kernel.so")
+KINDS = {torch.bfloat16: 0, torch.float32: 1}   # the dtypes the pass knows, by its codes
+
+
+class Piece(ctypes.Structure):
+    """What the pass found in a piece (its C struct, tdiff_piece)."""
+
+    _fields_ = [("mismatched", ctypes.c_int64), ("worst_index", ctypes.c_int64), ("max_ulp", ctypes.c_int64),
+                ("sum_abs", ctypes.c_double), ("square_a", ctypes.c_double), ("square_b", ctypes.c_double),
+                ("square_diff", ctypes.c_double), ("max_abs", ctypes.c_float), ("max_rel", ctypes.c_float),
+                ("magnitude", ctypes.c_float), ("worst_a", ctypes.c_float), ("worst_b", ctypes.c_float)]
+
+
+def _load() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+    try:
+        function = ctypes.CDLL(str(LIBRARY)).tdiff_measure_bitwise
+    except (OSError, AttributeError):
+        return None
+    function.restype = ctypes.c_int
+    function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p,
+                         ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(Piece)]
+    return function
+
+
+kernel = _load()
+
+
+def measure_bitwise(a: torch.Tensor, b: torch.Tensor, rows: np.ndarray | None, width: int, offset: int) -> Piece | None:
+    """The pass over two contiguous 1-d tensors of one dtype of :data:`KINDS`, which start at flat
+    element ``offset`` of their tensors; it marks in ``rows`` (bool, one per row of ``width``
+    elements) the rows where bits differ. None where it cannot measure them (no library, a NaN or
+    an infinity, a difference past float32's max): measure them with numpy."""
+    if kernel is None:
+        return None
+    piece = Piece()
+    failed = kernel(a.data_ptr(), b.data_ptr(), a.numel(), KINDS[a.dtype],
+                    rows.ctypes.data if rows is not None else None, width, offset, ctypes.byref(piece))
+    return None if failed else piece

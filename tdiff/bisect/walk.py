@@ -32,7 +32,7 @@ from tdiff.compare.engine import Comparison, unaligned_notes
 from tdiff.compare.metrics import EXACT, Tolerance
 from tdiff.compare.pairing import NamePairing, Pair, Pairing
 from tdiff.compare.distributed import Counting, map_over_processes, torchrun_world
-from tdiff.compare.parallel import map_in_order, map_until_error
+from tdiff.compare.parallel import lending, map_in_order, map_until_error
 from tdiff.errors import TdiffError
 from tdiff.store import Dump, open_dump
 from tdiff.store.modules import read_module_descriptions
@@ -78,8 +78,9 @@ def bisect_dumps(dump_a: Dump | str | Path, dump_b: Dump | str | Path, *,
                           + _not_aligned_notes(pairing) + _one_sided_input_notes(pairing))
     if found:
         _, _, stream, index, comparison = min(found, key=lambda f: f[:2])
-        result.first_divergence, result.trail = _locate(stream, index, comparison, comparator,
-                                                        _NotCompared(a, b, pairing))
+        with lending(jobs):   # the modules around the culprit, the model's logits among them
+            result.first_divergence, result.trail = _locate(stream, index, comparison, comparator,
+                                                            _NotCompared(a, b, pairing))
         result.notes += descend(a, b, result.first_divergence, comparator)  # the op, from op records
         result.first_divergence.cause = cause_of(a, b, result.first_divergence, tolerance)  # which side is right
         result.first_divergence.swap = swap_of(a, b, result.first_divergence)  # each side's op on the other's inputs

@@ -108,6 +108,14 @@ def map_until_error(work: Callable[[Item], Result], items: Sequence[Item], *, jo
         return _map_until_error(helpers.running(work), items, jobs, group_of, weight_of, memory, progress)
 
 
+@contextmanager
+def lending(jobs: int) -> Iterator[None]:
+    """Meanwhile, :func:`spread` on the calling thread shares pieces with up to ``jobs - 1`` other
+    threads (work outside :func:`map_in_order`: bisect's look at the modules around its culprit)."""
+    with _torch_on_one_thread(), _Helpers.of(jobs) as helpers, helpers.computing():
+        yield
+
+
 def spread(pieces: Sequence[Callable[[], Result]]) -> list[Result]:
     """``[piece() for piece in pieces]``, the pieces shared with the idle threads of the
     :func:`map_in_order` this runs in (on its own, or with no thread idle, one after another);
@@ -147,19 +155,26 @@ class _Helpers:
     def running(self, work: Callable[[Item], Result]) -> Callable[[Item], Result]:
         """``work``, run once a thread is free of lent pieces, its :func:`spread` lent to these helpers."""
         def counted(item: Item) -> Result:
-            with self._changed:
-                self._waiting += 1
-                self._changed.wait_for(lambda: self._busy < self.jobs)
-                self._waiting -= 1
-                self._busy += 1
-            before = getattr(_current, "helpers", None)
-            _current.helpers = self
-            try:
+            with self.computing():
                 return work(item)
-            finally:
-                _current.helpers = before
-                self._give_back()
         return counted
+
+    @contextmanager
+    def computing(self) -> Iterator[None]:
+        """The calling thread counted as computing, once a thread is free of lent pieces; its
+        :func:`spread` lends pieces to these helpers meanwhile."""
+        with self._changed:
+            self._waiting += 1
+            self._changed.wait_for(lambda: self._busy < self.jobs)
+            self._waiting -= 1
+            self._busy += 1
+        before = getattr(_current, "helpers", None)
+        _current.helpers = self
+        try:
+            yield
+        finally:
+            _current.helpers = before
+            self._give_back()
 
     def _give_back(self) -> None:
         with self._changed:

@@ -17,7 +17,7 @@ from hypothesis import given, settings, strategies as st
 import tdiff
 from tdiff.cli import cli
 from tdiff.compare import compare_dumps
-from tdiff.compare.parallel import map_in_order, spread
+from tdiff.compare.parallel import lending, map_in_order, spread
 from tdiff.errors import DumpError
 from tdiff.store import open_dump
 
@@ -149,7 +149,10 @@ def test_a_pairs_pieces_run_on_the_threads_the_pairs_leave_idle():
         return "second"
 
     assert map_in_order(lambda _: spread([first, second]), [None], jobs=3) == [["first", "second"]]
-    assert spread([second, lambda: "alone"]) == ["second", "alone"]   # outside a run: one after another
+    second_ran.clear()
+    with lending(2):   # outside map_in_order (bisect's look around its culprit)
+        assert spread([first, second]) == ["first", "second"]
+    assert spread([second, lambda: "alone"]) == ["second", "alone"]   # outside both: one after another
 
 
 @settings(deadline=None, max_examples=60)

@@ -234,13 +234,18 @@ def measure_real_size(args, a: Path, same: Path, b: Path, batch: int, tokens: in
     largest = largest_pair_mb(a, b)
     limit = largest + MEMORY_HEADROOM_MB
     sum_gbps, copy_gbps = read_bandwidth(a, args.rounds)
-    floor = max(measured([sys.executable, "-c", IMPORTS])[1] for _ in range(args.rounds))
+    imports = [measured([sys.executable, "-c", IMPORTS]) for _ in range(args.rounds)]
+    floor = max(rss for _, rss, _ in imports)
+    import_wall = median(wall for wall, _, _ in imports)
+    from tdiff.compare import compiled
     print(f"real-size compare, Qwen2-0.5B shape, bf16, full mode, {batch} x {tokens} tokens; {machine()}; "
           f"{len(os.sched_getaffinity(0))} cores usable; medians of {args.rounds} runs, page cache warm")
     print(f"dump pair {pair_gb:.2f} GB (the issue's: {FULL_PAIR_GB} GB); read bandwidth, one thread: "
           f"numpy sum {sum_gbps:.2f} GB/s, copy {copy_gbps:.2f} GB/s")
     print(f"memory target: peak RSS <= the largest tensor pair {largest:.0f} MB + {MEMORY_HEADROOM_MB} MB = "
           f"{limit:.0f} MB; a process that only imports tdiff, torch and numpy peaks at {floor:.0f} MB of it")
+    print(f"floor under every wall time: a process that only imports them takes {import_wall:.2f} s; "
+          f"compare's compiled pass: {'built' if compiled.kernel is not None else 'MISSING (numpy alone)'}")
     print("speed targets: the issue's seconds on its 21.44 GB pair (16 cores), and those as GB/s of the pair, "
           "which this pair's figure is judged by")
     print(f"{'command':<18} {'jobs':>4} {'wall':>8} {'target':>7} {'GB/s':>7} {'target':>8} {'':>6} "

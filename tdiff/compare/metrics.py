@@ -464,9 +464,11 @@ class _Workspace:
 class _Workspaces(threading.local):
     """The workspace of the measuring a thread does now, taken from those no thread is using (so
     there are never more than threads measuring at once, however many threads have measured):
-    :meth:`held` binds one to the thread for the length of a measuring."""
+    :meth:`held` binds one to the thread for the length of a measuring. Idle ones are kept up to
+    one more than are in use, so that a run of many threads leaves one behind, not all of theirs."""
 
     _idle: ClassVar[list[_Workspace]] = []   # shared by every thread
+    _in_use: ClassVar[list[int]] = [0]
     _idle_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self) -> None:
@@ -479,11 +481,14 @@ class _Workspaces(threading.local):
             return
         with self._idle_lock:
             self.bound = self._idle.pop() if self._idle else _Workspace()
+            self._in_use[0] += 1
         try:
             yield self.bound
         finally:
             with self._idle_lock:
-                self._idle.append(self.bound)
+                self._in_use[0] -= 1
+                if len(self._idle) <= self._in_use[0]:
+                    self._idle.append(self.bound)
             self.bound = None
 
     def array(self, name: str, dtype, n: int) -> np.ndarray:

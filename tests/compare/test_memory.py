@@ -5,12 +5,14 @@ in, measured as the peak resident memory of a `tdiff compare` process."""
 import subprocess
 import sys
 import threading
+from unittest import mock
 
 import torch
 
 import tdiff
 from tdiff.compare import metrics
 from tdiff.compare.metrics import EXACT, WORKSPACE_BYTES, Tolerance, measure
+from tdiff.compare.parallel import map_in_order
 from tdiff.store import open_dump
 from tdiff.store.dtypes import stored_nbytes
 from tests.helpers import REPO
@@ -70,3 +72,15 @@ def test_a_threads_scratch_stays_within_what_compare_counts_per_thread(monkeypat
     thread.start()
     thread.join()
     assert sizes and 0 < sizes[0] <= WORKSPACE_BYTES, sizes
+
+
+def test_a_run_of_many_threads_leaves_one_workspace_behind(monkeypatch):
+    """Each thread measuring at once has a workspace of its own; once they are done, one is kept."""
+    monkeypatch.setattr(metrics._Workspaces, "_idle", [])
+    a = torch.randn(8, 3 * metrics.CHUNK_ELEMENTS).to(torch.float16)   # numpy's path: float16
+    b = a.clone()
+    b.view(-1)[::7] += 1
+    with mock.patch.object(metrics, "PIECE_ELEMENTS", metrics.CHUNK_ELEMENTS):
+        results = map_in_order(lambda pair: measure(*pair), [(a, b)] * 6, jobs=4)
+    assert all(r.metrics.mismatched == results[0].metrics.mismatched > 0 for r in results)
+    assert len(metrics._Workspaces._idle) == 1

@@ -19,12 +19,17 @@ if ! command -v chromium >/dev/null 2>&1; then
   fi
 fi
 
-# compare's compiled pass (tdiff/compare/compiled.py): built for this machine's processor; without
-# it compare measures every tensor with numpy, slower on many threads
+# compare's compiled pass (tdiff/compare/compiled.py), for any processor and, on x86-64, for those
+# with AVX2 (x86-64-v3), which it picks where the processor has them; without it compare measures
+# every tensor with numpy, slower on many threads. Not -march=native: a folder shared by machines
+# of other processors (a cluster's home) would crash on them.
 kernel=tdiff/compare/measure_kernel
 if [ ! -f "$kernel.so" ] || [ "$kernel.c" -nt "$kernel.so" ]; then
   echo "setup: cc $kernel.c" >&2
-  cc -O3 -march=native -ffp-contract=off -shared -fPIC -o "$kernel.so" "$kernel.c" \
+  { cc -O3 -ffp-contract=off -shared -fPIC -o "$kernel.so" "$kernel.c" \
+    && if [ "$(uname -m)" = x86_64 ]; then
+         cc -O3 -march=x86-64-v3 -ffp-contract=off -shared -fPIC -o "$kernel.x86-64-v3.so" "$kernel.c"
+       fi; } \
     || echo "setup: warning: $kernel.c did not build; compare measures with numpy alone" >&2
 fi
 

@@ -4,6 +4,7 @@ infinities go to numpy), with rows, in pieces."""
 
 from __future__ import annotations
 
+import platform
 from unittest import mock
 
 import numpy as np
@@ -17,8 +18,14 @@ from tdiff.compare.metrics import measure
 from tdiff.store.dtypes import FLOAT_BITS
 
 
-def test_setup_built_the_compiled_pass():
+def test_setup_built_the_compiled_pass_for_this_processor(monkeypatch):
     assert compiled.kernel is not None, f"{compiled.LIBRARY} is missing: scripts/setup.sh builds it"
+    if platform.machine() == "x86_64":
+        assert compiled.LIBRARY_X86_64_V3.exists()
+        monkeypatch.setattr(compiled, "_processor_flags", lambda: frozenset({"sse2", "avx"}))
+        assert compiled.library() == compiled.LIBRARY   # no AVX2: the build for any processor
+        monkeypatch.setattr(compiled, "_processor_flags", lambda: compiled.X86_64_V3_FLAGS | {"avx512f"})
+        assert compiled.library() == compiled.LIBRARY_X86_64_V3
 
 
 @st.composite

@@ -119,26 +119,33 @@ int tdiff_measure_bitwise(const void *a, const void *b, int64_t n, int kind, uin
         return 1;   /* NaN or an infinity, or a difference past float32's max (numpy's path takes it to float64) */
     piece.worst_index = -1;
     if (piece.mismatched) {
-        /* second pass, up to the worst element: the first largest |a-b|, else (only signed zeros
-         * differ) the first that differs; and the rows where bits differ */
+        /* where the worst element is: the first largest |a-b|, else (only signed zeros differ) the
+         * first that differs */
         uint32_t ua, ub;
         int64_t sa, sb;
-        for (int64_t i = 0; i < n; i++) {
+        for (int64_t i = 0; piece.worst_index < 0; i++) {
             load(a, kind, i, &ua, &sa);
             load(b, kind, i, &ub, &sb);
-            if (ua == ub)
-                continue;
-            if (rows && width)
-                rows[(offset + i) / width] = 1;
             float fa, fb;
             memcpy(&fa, &ua, 4);
             memcpy(&fb, &ub, 4);
-            if (piece.worst_index < 0 && fabsf(fa - fb) == piece.max_abs) {
+            if (ua != ub && fabsf(fa - fb) == piece.max_abs) {
                 piece.worst_index = i;
                 piece.worst_a = fa;
                 piece.worst_b = fb;
-                if (!rows || !width)
-                    break;
+            }
+        }
+        /* the rows where bits differ, a row's span of the piece at a time */
+        if (rows && width) {
+            const int64_t size = kind == BFLOAT16 ? 2 : 4;
+            for (int64_t start = 0; start < n;) {
+                int64_t row = (offset + start) / width;
+                int64_t end = (row + 1) * width - offset;
+                if (end > n)
+                    end = n;
+                if (memcmp((const char *)a + start * size, (const char *)b + start * size, (end - start) * size))
+                    rows[row] = 1;
+                start = end;
             }
         }
     }

@@ -63,11 +63,12 @@ kernel = _load()
 
 
 def measure_bitwise(a: torch.Tensor, b: torch.Tensor, rows: np.ndarray | None, width: int, offset: int) -> Piece | None:
-    """The pass over two contiguous 1-d tensors of one dtype of :data:`KINDS`, which start at flat
-    element ``offset`` of their tensors; it marks in ``rows`` (bool, one per row of ``width``
-    elements) the rows where bits differ. None where it cannot measure them (no library, a NaN or
-    an infinity, a difference past float32's max): measure them with numpy."""
-    if kernel is None:
+    """The pass over two 1-d tensors of one dtype of :data:`KINDS`, which start at flat element
+    ``offset`` of their tensors; it marks in ``rows`` (bool, one per row of ``width`` elements) the
+    rows where bits differ. None where it cannot measure them (no library; a strided view, whose
+    elements are not the bytes from its first on; a NaN or an infinity; a difference past
+    float32's max): measure them with numpy."""
+    if kernel is None or not (a.is_contiguous() and b.is_contiguous()):
         return None
     piece = Piece()
     failed = kernel(a.data_ptr(), b.data_ptr(), a.numel(), KINDS[a.dtype],

@@ -90,3 +90,16 @@ def test_a_large_bfloat16_pair_is_measured_by_the_compiled_pass():
     assert m.max_abs == float(differences.max()) and m.worst_index == (17, 3)
     assert m.worst_a == float(a[17, 3]) and m.worst_b == float(b[17, 3])
     assert m.mean_abs == pytest.approx(float(differences.mean()), rel=1e-9)
+
+
+@pytest.mark.parametrize("dtype", sorted(compiled.KINDS, key=str))
+def test_strided_views_are_measured_by_their_own_elements(dtype):
+    """Every other element of two tensors (a view whose bytes interleave with others'): a change
+    outside the view is no difference, one inside it is, wherever it falls."""
+    base_a = torch.randn(4096, generator=torch.Generator().manual_seed(0)).to(dtype)
+    outside, inside = base_a.clone(), base_a.clone()
+    outside[1::2] += 1
+    inside[3000] += 1
+    assert measure(base_a[::2], outside[::2]).metrics.bitwise_equal
+    m = measure(base_a[::2], inside[::2]).metrics
+    assert m.mismatched == 1 and m.worst_index == (1500,)

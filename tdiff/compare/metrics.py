@@ -487,8 +487,8 @@ class _Workspaces(threading.local):
         finally:
             with self._idle_lock:
                 self._in_use[0] -= 1
-                if len(self._idle) <= self._in_use[0]:
-                    self._idle.append(self.bound)
+                self._idle.append(self.bound)
+                del self._idle[self._in_use[0] + 1:]   # those the threads still measuring may want, and one
             self.bound = None
 
     def array(self, name: str, dtype, n: int) -> np.ndarray:
@@ -742,8 +742,7 @@ class _Accumulator:
         largest = float(diff[index])
         if largest == 0.0:  # only signed zeros or NaN payloads differ here
             index = int(np.flatnonzero(_differs(flipped, n))[0])
-        if self.worst is None or largest > self.worst[0]:
-            self.worst = (largest, offset + index, float(av[index]), float(bv[index]))
+        self._keep_worst((largest, offset + index, float(av[index]), float(bv[index])))
         self.max_abs = max(self.max_abs, largest)
         # max(|a|, |b|) over the finite values (symmetric in a and b): an infinite |a-b| over it
         # stays infinite, where over the infinity itself it would be inf/inf = NaN
@@ -799,12 +798,16 @@ class _Accumulator:
             self.outside += piece.mismatched
             self.sum_abs += piece.sum_abs
             largest = float(piece.max_abs)
-            if self.worst is None or largest > self.worst[0]:
-                self.worst = (largest, offset + piece.worst_index, float(piece.worst_a), float(piece.worst_b))
+            self._keep_worst((largest, offset + piece.worst_index, float(piece.worst_a), float(piece.worst_b)))
             self.max_abs = max(self.max_abs, largest)
             self.max_rel = max(self.max_rel, float(piece.max_rel))
             self.max_ulp = max(self.max_ulp, piece.max_ulp)
         return True
+
+    def _keep_worst(self, worst: tuple[float, int, float, float]) -> None:
+        """The element of largest |a-b| so far: a later one only where larger (ties keep the earliest)."""
+        if self.worst is None or worst[0] > self.worst[0]:
+            self.worst = worst
 
     def fold(self, other: _Accumulator) -> None:
         """Fold in the accumulator of the piece that follows this one's (as :meth:`add` folds a
@@ -815,8 +818,8 @@ class _Accumulator:
             setattr(self, name, max(getattr(self, name), getattr(other, name)))
         self.ulp_defined = self.ulp_defined and other.ulp_defined
         self.squares.fold(other.squares)
-        if other.worst is not None and (self.worst is None or other.worst[0] > self.worst[0]):
-            self.worst = other.worst
+        if other.worst is not None:
+            self._keep_worst(other.worst)
         if self.rows is not None and other.rows is not None:
             self.rows.fold(other.rows)
 

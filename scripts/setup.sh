@@ -24,14 +24,17 @@ fi
 # every tensor with numpy, slower on many threads. Not -march=native: a folder shared by machines
 # of other processors (a cluster's home) would crash on them.
 kernel=tdiff/compare/measure_kernel
-if [ ! -f "$kernel.so" ] || [ "$kernel.c" -nt "$kernel.so" ]; then
-  echo "setup: cc $kernel.c" >&2
-  { cc -O3 -ffp-contract=off -shared -fPIC -o "$kernel.so" "$kernel.c" \
-    && if [ "$(uname -m)" = x86_64 ]; then
-         cc -O3 -march=x86-64-v3 -ffp-contract=off -shared -fPIC -o "$kernel.x86-64-v3.so" "$kernel.c"
-       fi; } \
-    || echo "setup: warning: $kernel.c did not build; compare measures with numpy alone" >&2
-fi
+builds=("$kernel.so:")
+[ "$(uname -m)" = x86_64 ] && builds+=("$kernel.x86-64-v3.so:-march=x86-64-v3")
+for build in "${builds[@]}"; do
+  library=${build%%:*} flags=${build#*:}
+  if [ ! -f "$library" ] || [ "$kernel.c" -nt "$library" ]; then
+    echo "setup: cc $flags $kernel.c" >&2
+    # shellcheck disable=SC2086  # no flags for the build for any processor
+    cc -O3 $flags -ffp-contract=off -shared -fPIC -o "$library" "$kernel.c" \
+      || echo "setup: warning: $library did not build; compare measures with numpy where no build fits" >&2
+  fi
+done
 
 venv="${TDIFF_VENV:-.venv}"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"

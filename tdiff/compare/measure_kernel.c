@@ -123,7 +123,7 @@ int tdiff_measure_bitwise(const void *a, const void *b, int64_t n, int kind, uin
          * first that differs */
         uint32_t ua, ub;
         int64_t sa, sb;
-        for (int64_t i = 0; piece.worst_index < 0; i++) {
+        for (int64_t i = 0; i < n && piece.worst_index < 0; i++) {
             load(a, kind, i, &ua, &sa);
             load(b, kind, i, &ub, &sb);
             float fa, fb;

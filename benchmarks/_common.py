@@ -50,6 +50,20 @@ def fresh_dir(path: Path) -> Path:
     return path
 
 
+def page_cache_bandwidth(work: Path, nbytes: int = 1 << 30) -> float:
+    """Bytes per second one thread hands to the page cache writing one file (no fsync)."""
+    buffer = torch.randint(0, 256, (nbytes,), dtype=torch.uint8).numpy()
+    path = fresh_dir(work / "bandwidth") / "file"
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        with open(path, "wb") as f:
+            f.write(memoryview(buffer))
+        times.append(time.perf_counter() - start)
+        path.unlink()
+    return nbytes / median(times)
+
+
 def save_every_tensor(model, out: Path) -> list:
     """Forward hooks that torch.save every input and output tensor of every module, one file each
     (copied to the host first): the naive dumper both capture benchmarks measure against."""

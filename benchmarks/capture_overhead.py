@@ -21,9 +21,11 @@ from pathlib import Path
 
 import torch
 
-from _common import dir_bytes, fresh_dir, save_every_tensor, input_ids, machine, median, qwen2_model, timed
+from _common import dir_bytes, fresh_dir, input_ids, machine, median, page_cache_bandwidth, qwen2_model, \
+    save_every_tensor, timed
 
-TARGET_STATS = 1.15
+TARGET_STATS = 1.15   # issue 7, on this project's 2-core machine
+TARGET_STATS_ANY_CORES = 1.3   # issue 30, on 2 cores and on the GPU machine's 16
 TARGET_FULL_SHARE = 1 / 3
 TARGET_DISK = 0.7
 
@@ -102,6 +104,7 @@ def main(argv=None) -> None:
 
     model = qwen2_model(args.layers)
     ids = input_ids(args.tokens)
+    bandwidth = page_cache_bandwidth(args.work)
     with torch.no_grad():
         records, raw, distinct = raw_bytes(model, ids, args.work)
         for run in VARIANTS.values():  # warm-up: allocator, imports, page cache
@@ -114,7 +117,8 @@ def main(argv=None) -> None:
     plain = median(r["forward"] for r in results["plain"])
     print(f"capture overhead, {args.layers}-layer Qwen2 shape, {args.tokens} tokens, fp32; {machine()}")
     print(f"{records} recorded tensors, {raw / 1e6:.0f} MB raw per forward, {distinct / 1e6:.0f} MB distinct; "
-          f"medians of {args.rounds} interleaved rounds\n")
+          f"medians of {args.rounds} interleaved rounds; page-cache write bandwidth (one thread) "
+          f"{bandwidth / 1e9:.2f} GB/s\n")
     print(f"{'variant':<16} {'forward s':>10} {'x plain':>8} {'to disk s':>10} {'x plain':>8} {'disk/raw':>9}")
     summary = {}
     for name, rows in results.items():
@@ -133,12 +137,17 @@ def main(argv=None) -> None:
     print(f"  stats mode <= {TARGET_STATS}x plain:                       {stats_ratio:.3f}x  "
           f"{'met' if stats_ratio <= TARGET_STATS else 'MISSED'}  (overhead {summary['tdiff stats'][1] - plain:.3f} s, "
           f"bound {(TARGET_STATS - 1) * plain:.3f} s)")
+    print(f"  stats mode <= {TARGET_STATS_ANY_CORES}x plain (issue 30, any core count):   {stats_ratio:.3f}x  "
+          f"{'met' if stats_ratio <= TARGET_STATS_ANY_CORES else 'MISSED'}")
     share = full_overhead_to_disk / sglang_overhead
     print(f"  full-mode overhead until on disk <= 1/3 of sglang's: {full_overhead_to_disk:.3f} s vs "
           f"{sglang_overhead:.3f} s = {share:.2f}  {'met' if share <= TARGET_FULL_SHARE else 'MISSED'}  "
           f"(bound {sglang_overhead * TARGET_FULL_SHARE:.3f} s)")
     print(f"  (full-mode overhead, forward only:                  {full_overhead:.3f} s "
           f"= {full_overhead / sglang_overhead:.2f} of sglang's)")
+    floor = summary["tdiff full"][2] / bandwidth
+    print(f"  (the page-cache floor: the full dump's {summary['tdiff full'][2] / 1e6:.0f} MB handed to the OS by one "
+          f"thread take {floor:.3f} s = {floor / sglang_overhead:.2f} of sglang's overhead)")
     disk_ratio = summary["tdiff full"][2] / raw
     print(f"  on-disk bytes <= {TARGET_DISK} x raw:                       {disk_ratio:.3f}  "
           f"{'met' if disk_ratio <= TARGET_DISK else 'MISSED'}")

@@ -36,7 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_common (it adds the repo)
 
-from _common import dir_bytes, fresh_dir, median, save_every_tensor
+from _common import dir_bytes, fresh_dir, median, page_cache_bandwidth, save_every_tensor
 
 STATS_BOUND = 1.3   # x the plain forward
 FULL_BOUND = 1.5    # x (plain forward + bytes / page-cache write bandwidth), until on disk
@@ -100,20 +100,6 @@ VARIANTS = {"plain": plain, "hooks only": tdiff_mode("stats", select=["(?!)"]),
             "hooks step 2": tdiff_mode("stats", select=["(?!)"], step=1),
             "tdiff stats": tdiff_mode("stats"), "stats step 2": tdiff_mode("stats", step=1),
             "tdiff full": tdiff_mode("full"), "sync save": sync_save}
-
-
-def page_cache_bandwidth(work: Path, nbytes: int = 1 << 30) -> float:
-    """Bytes per second one thread hands to the page cache writing one file (no fsync)."""
-    buffer = torch.randint(0, 256, (nbytes,), dtype=torch.uint8).numpy()
-    path = fresh_dir(work / "bandwidth") / "file"
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        with open(path, "wb") as f:
-            f.write(memoryview(buffer))
-        times.append(time.perf_counter() - start)
-        path.unlink()
-    return nbytes / median(times)
 
 
 def measure(model, batch: int, tokens: int, rounds: int, work: Path, variants: dict) -> dict:

@@ -58,7 +58,8 @@ def recorded_call(capture: Capture, module, invoke, args: tuple, kwargs: dict):
                  and not capture.part.failed)
     compiled = _compiled(module)
     described = plan.wrapped if compiled and plan.wrapped is not None else module
-    where = Where(path, described, parent, len(stack), plan.annotator, path, plan.other_layer)
+    layout = declared_layout(described, parent)
+    where = Where(path, described, parent, len(stack), plan.annotator, path, plan.other_layer, layout)
     recorder = capture.recorder
     if recording and graph is None:   # (a parameter's host copy cannot run while a graph is captured)
         capture.modules.describe(described, path, capture.running.rank(), capture.writer.part)
@@ -84,7 +85,7 @@ def recorded_call(capture: Capture, module, invoke, args: tuple, kwargs: dict):
         capture.note(f"torch.compile: {tensor_name(path, '')} ran compiled: its inputs and outputs are "
                      "recorded, the modules inside it are not (capture without torch.compile to record them)")
     stack.append(Frame(module, path, call, plan.annotator, plan.layer, compiled, tracer,
-                       declared_layout(module, parent)))
+                       layout if described is module else declared_layout(module, parent)))
     try:
         if tracer is None:
             output = invoke(*args, **kwargs)

@@ -35,6 +35,7 @@ class Where(NamedTuple):
     annotator: str | None     # the framework whose annotator describes the records
     counter: str | None       # what the call was counted under: the module path or the dump's name
     layer: int | None         # the decoder layer, where the module path says another (Record.layer)
+    layout: str | None = None  # the module's declared layout (declared_layout), worked out once a call
 
 
 class CallPlan:
@@ -121,8 +122,32 @@ def declared_layout(module, parent: Frame | None) -> str | None:
     ``batch_first``: nn.Transformer, nn.MultiheadAttention, nn.LSTM; else a direct child's: a
     TransformerEncoderLayer's self_attn), else its framework's layout (Megatron: seq-first;
     transformers: batch-first), else the enclosing call's; None where nothing says."""
-    for holder in (module, *module.children()):   # read at every call: a user may declare it later
-        batch_first = getattr(holder, "batch_first", None)
-        if isinstance(batch_first, bool):
-            return "batch-first" if batch_first else "seq-first"
+    batch_first = _batch_first(module)   # read at every call: a user may declare it later
+    if batch_first is None:
+        for child in module._modules.values():
+            batch_first = _batch_first(child) if child is not None else None
+            if batch_first is not None:
+                break
+    if batch_first is not None:
+        return "batch-first" if batch_first else "seq-first"
     return FRAMEWORK_LAYOUTS.get(framework_of(type(module))) or (parent.layout if parent is not None else None)
+
+
+def _batch_first(holder) -> bool | None:
+    """``holder.batch_first`` where it is a bool. Read where nn.Module keeps a plain attribute (its
+    instance dict) or where its class defines one: ``getattr`` of a name a module lacks goes through
+    nn.Module.__getattr__ and an exception, ~5 us a module, at every module call."""
+    value = holder.__dict__.get("batch_first")
+    if value is None and _class_declares(type(holder)):
+        value = getattr(holder, "batch_first", None)   # a class attribute, or a property to evaluate
+    return value if isinstance(value, bool) else None
+
+
+def _class_declares(cls: type) -> bool:
+    declares = _classes_declaring.get(cls)
+    if declares is None:
+        declares = _classes_declaring[cls] = getattr(cls, "batch_first", None) is not None
+    return declares
+
+
+_classes_declaring: dict[type, bool] = {}   # whether a module class defines ``batch_first``

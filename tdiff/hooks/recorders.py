@@ -24,7 +24,7 @@ import torch
 from tdiff.hooks.annotations import annotate
 from tdiff.hooks.device import Summarizer, host_copy
 from tdiff.hooks.layouts import unrecordable
-from tdiff.hooks.plan import Where, declared_layout
+from tdiff.hooks.plan import Where
 from tdiff.store.dtypes import dtype_name, quantization_of
 from tdiff.store.fingerprint import xxh3_fingerprint
 from tdiff.store.record import Record
@@ -76,7 +76,7 @@ class Recorder:
             return None
         self.counts["explicit" if role == "explicit" else "module"] += 1
         device = tensor.device
-        module_path, module, parent, depth, annotator, counter, layer = where
+        module_path, module, parent, depth, annotator, counter, layer, layout = where
         graph = capture.graphs.capturing()
         thread = capture.running.thread()
         seq = capture.running.next_seq()
@@ -108,8 +108,8 @@ class Recorder:
             record.attrs = {**record.attrs, "bound": bound}
         if unrecorded is not None:
             record.attrs = {**record.attrs, "unrecorded": unrecorded}
-        layout = declared_layout(module, parent) if module is not None and op is None and role != "explicit" else None
-        if layout is not None and layout != FRAMEWORK_LAYOUTS.get(record.attrs.get("framework", "")):
+        if layout is not None and op is None and role != "explicit" \
+                and layout != FRAMEWORK_LAYOUTS.get(record.attrs.get("framework", "")):
             record.attrs = {**record.attrs, "layout": layout}   # what its framework's layout would not say
         if capture.ops is not None:
             capture.ops.held(original, seq)

@@ -127,6 +127,7 @@ class Capture:
             unmatched = f"{self._filters} matched no module; recorded {counts['explicit']} explicit dump(s)"
             self.note(unmatched)
             warnings.warn(f"tdiff.capture({str(self.root)!r}): {unmatched}", stacklevel=3)
+        self.modules.close()
         self.part.close(error, self.notes)
         self.stack_room.give_back()
         if self._claim is not None:

@@ -10,6 +10,7 @@ and the few of its ``config`` that a canonical op reads (RoPE theta and type, no
 from __future__ import annotations
 
 import enum
+import io
 import json
 import math
 import os
@@ -65,7 +66,11 @@ def _json_scalar(value):
 
 class ModuleDescriber:
     """Writes ``modules/<part>.jsonl`` for one process (a forked child's part gets its own file)
-    and, with ``params``, each parameter's bytes once per dump."""
+    and, with ``params``, each parameter's bytes once per dump.
+
+    The file stays open for its part, unbuffered: each line is one append (whole lines from any
+    thread, nothing buffered that a fork could write twice), and a capture's first forward does not
+    pay an open, a mkdir and a close for each of its hundreds of modules."""
 
     def __init__(self, root: Path, params: bool, note: Callable[[str], None]):
         self.root = Path(root)
@@ -73,11 +78,13 @@ class ModuleDescriber:
         self._note = note            # says in the dump what could not be written
         self._failed = False
         self._part: str | None = None
+        self._file: io.FileIO | None = None   # the part's file, once a module of it is described
         self._described: set[tuple[int, str]] = set()
 
     def describe(self, module: torch.nn.Module, path: str, rank: int, part: str) -> None:
         """Describe ``module`` (called at each recorded call; writes at its first)."""
         if part != self._part:
+            self.close()
             self._part, self._described = part, set()
         key = (rank, path)
         if key in self._described or self._failed:
@@ -90,6 +97,12 @@ class ModuleDescriber:
             self._note(f"module descriptions (and --params) stop at `{path or '(model)'}`: cannot write them "
                        f"({exc.strerror or exc}); bisect cannot replay the culprit's op")
 
+    def close(self) -> None:
+        """Close the part's file (at the capture's end, or when another part begins)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
     def _write(self, module: torch.nn.Module, path: str, rank: int, part: str) -> None:
         cls = type(module)
         line = {"module": path, "rank": rank, "class": cls.__name__, "class_path": f"{cls.__module__}:{cls.__qualname__}",
@@ -98,10 +111,11 @@ class ModuleDescriber:
             buffers = {name for name, _ in module.named_buffers(recurse=False)}
             line["params"] = {name: {**self._store(tensor), **({"buffer": True} if name in buffers else {})}
                               for name, tensor in _own_tensors(module)}
-        folder = self.root / MODULES_DIR
-        folder.mkdir(exist_ok=True)
-        with open(folder / f"{part}.jsonl", "a", encoding="utf-8") as file:
-            file.write(json.dumps(line) + "\n")
+        if self._file is None:
+            folder = self.root / MODULES_DIR
+            folder.mkdir(exist_ok=True)
+            self._file = open(folder / f"{part}.jsonl", "ab", buffering=0)  # noqa: SIM115 - open for the part
+        self._file.write((json.dumps(line) + "\n").encode())
 
     def _store(self, tensor: torch.Tensor) -> dict:
         """Store a parameter's bytes under its fingerprint unless the dump holds them already."""

@@ -1,6 +1,7 @@
 """Module descriptions and `--params`: each recorded module's class and settings, and its
 parameters stored once per dump, deduplicated by fingerprint."""
 
+import json
 from pathlib import Path
 
 import torch
@@ -9,7 +10,7 @@ import tdiff
 from tdiff.capture_options import CaptureOptions
 from tdiff.launch import CaptureConfig
 from tdiff.store.modules import MODULES_DIR, PARAMS_DIR, load_param, read_module_descriptions
-from tests.helpers import DEMO, tdiff_process, tiny_qwen2, token_ids
+from tests.helpers import DEMO, python_script, tdiff_process, tiny_qwen2, token_ids
 
 
 class Tied(torch.nn.Module):
@@ -61,3 +62,32 @@ def test_capture_params_from_the_command_line(tmp_path):
     assert done.returncode == 0, done.stderr
     norm = read_module_descriptions(tmp_path / "d")[(0, "model.layers.0.input_layernorm")]
     assert set(norm.params) == {"weight"} and norm.params["weight"].shape == (64,)
+
+
+FORKING = """
+import json, os, sys
+import torch, tdiff
+
+torch.set_num_threads(1)   # GNU OpenMP hangs in a forked child once the parent ran a parallel region
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+with torch.no_grad(), tdiff.capture(sys.argv[1]):
+    model(torch.ones(2, 8))
+    pid = os.fork()
+    if pid == 0:
+        model(torch.ones(2, 8))
+        sys.exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    model(torch.ones(2, 8))
+"""
+
+
+def test_a_forked_child_describes_the_modules_into_its_own_part_and_the_parents_lines_stay_once(tmp_path):
+    # the part's file stays open while the capture runs: a fork must not write the parent's lines twice
+    out = tmp_path / "d"
+    result = python_script(FORKING, tmp_path, out)
+    assert result.returncode == 0, result.stderr
+    files = sorted((out / MODULES_DIR).glob("*.jsonl"))
+    assert len(files) == 2
+    for file in files:
+        described = [json.loads(line)["module"] for line in file.read_text().splitlines()]
+        assert sorted(described) == ["", "0", "1", "2"], file.name

@@ -3,11 +3,15 @@ explicit dumps; stored per forward and rank, read back (and version 1 dumps stil
 
 import json
 
+import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import tdiff
 from tdiff.errors import DumpError, TdiffError
+from tdiff.hooks.tokens import _count_positions
 from tdiff.store import open_dump
 from tdiff.store.tokens import PADDING
 from tests.helpers import tiny_qwen2
@@ -118,3 +122,18 @@ def test_a_tokens_line_that_disagrees_with_its_grid_is_refused_naming_the_line(t
     _rewrite_manifests(tmp_path / "a", cut)
     with pytest.raises(DumpError, match=r"line \d+: tokens field 'positions' has 1 entries"):
         open_dump(tmp_path / "a")
+
+
+@given(st.lists(st.integers(PADDING, 4), max_size=96), st.sampled_from([None, 2, 3]))
+def test_positions_count_from_zero_along_each_sequence_in_row_major_order(cells, width):
+    # any assignment of cells to sequences (ragged, interleaved, padded anywhere), flat or in rows
+    expected, seen = [], {}
+    for seq in cells:
+        expected.append(0 if seq == PADDING else seen.get(seq, 0))
+        if seq != PADDING:
+            seen[seq] = seen.get(seq, 0) + 1
+    seqs = np.array(cells, dtype=np.int64)
+    if width is not None:
+        seqs = seqs[:len(cells) // width * width].reshape(-1, width)
+        expected = expected[:seqs.size]
+    assert _count_positions(seqs).ravel().tolist() == expected

@@ -14,6 +14,7 @@ import io
 import json
 import math
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -79,13 +80,15 @@ class ModuleDescriber:
         self._failed = False
         self._part: str | None = None
         self._file: io.FileIO | None = None   # the part's file, once a module of it is described
+        self._opening = threading.Lock()
         self._described: set[tuple[int, str]] = set()
 
     def describe(self, module: torch.nn.Module, path: str, rank: int, part: str) -> None:
         """Describe ``module`` (called at each recorded call; writes at its first)."""
-        if part != self._part:
+        if part != self._part:   # the capture's first record, or a forked child's
             self.close()
-            self._part, self._described = part, set()
+            # a fresh lock: a fork may have copied the parent's while another thread held it
+            self._part, self._described, self._opening = part, set(), threading.Lock()
         key = (rank, path)
         if key in self._described or self._failed:
             return
@@ -111,11 +114,13 @@ class ModuleDescriber:
             buffers = {name for name, _ in module.named_buffers(recurse=False)}
             line["params"] = {name: {**self._store(tensor), **({"buffer": True} if name in buffers else {})}
                               for name, tensor in _own_tensors(module)}
-        if self._file is None:
-            folder = self.root / MODULES_DIR
-            folder.mkdir(exist_ok=True)
-            self._file = open(folder / f"{part}.jsonl", "ab", buffering=0)  # noqa: SIM115 - open for the part
-        self._file.write((json.dumps(line) + "\n").encode())
+        with self._opening:   # threads running models describe at once: one file for the part
+            if self._file is None:
+                folder = self.root / MODULES_DIR
+                folder.mkdir(exist_ok=True)
+                self._file = open(folder / f"{part}.jsonl", "ab", buffering=0)  # noqa: SIM115 - open for the part
+            file = self._file
+        file.write((json.dumps(line) + "\n").encode())
 
     def _store(self, tensor: torch.Tensor) -> dict:
         """Store a parameter's bytes under its fingerprint unless the dump holds them already."""

@@ -21,10 +21,10 @@ the wait for tdiff's writer (every byte handed to the OS, no fsync).
 
 Targets (issue 30, which replaced issue 18's 1.3x), each until on disk, printed beside its figure:
 hooks that record nothing <= 1.1x the plain forward at every shape; stats mode <= 1.6x at 1 x 128
-and <= 1.5x at 8 x 512 (other shapes are judged by the nearer of the two: 1.6x up to 1024 tokens in
-all); full mode <= 2x its bound at 1 x 128 (1.5x elsewhere, issue 18's), the bound being the plain
-forward plus the dump's bytes over the single-stream page-cache write bandwidth, measured in the
-same run (a 1 GiB buffer written to a file in --work, no fsync, median of 3).
+and <= 1.5x at 8 x 512 (other shapes: 1.6x up to 1024 tokens in all, 1.5x past it); full mode
+<= 2x its floor at 1 x 128 (1.5x elsewhere, issue 18's), the floor being the plain forward plus
+the dump's bytes over the single-stream page-cache write bandwidth, measured in the same run (a
+1 GiB buffer written to a file in --work, no fsync, median of 3).
 """
 
 from __future__ import annotations

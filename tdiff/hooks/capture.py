@@ -127,7 +127,7 @@ class Capture:
             unmatched = f"{self._filters} matched no module; recorded {counts['explicit']} explicit dump(s)"
             self.note(unmatched)
             warnings.warn(f"tdiff.capture({str(self.root)!r}): {unmatched}", stacklevel=3)
-        self.modules.close()
+        self.modules.finish()
         self.part.close(error, self.notes)
         self.stack_room.give_back()
         if self._claim is not None:
@@ -181,6 +181,7 @@ class Capture:
         self.running.after_fork_in_child()
         self.token_recorder.pending = None   # the parent's next forward's
         self.recorder.after_fork_in_child()
+        self.modules.after_fork_in_child()
 
     # ---- steps ----
     def advance_step(self, *, manual: bool) -> None:

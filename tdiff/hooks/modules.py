@@ -10,6 +10,7 @@ and the few of its ``config`` that a canonical op reads (RoPE theta and type, no
 from __future__ import annotations
 
 import enum
+import errno
 import io
 import json
 import math
@@ -69,42 +70,58 @@ class ModuleDescriber:
     """Writes ``modules/<part>.jsonl`` for one process (a forked child's part gets its own file)
     and, with ``params``, each parameter's bytes once per dump.
 
-    The file stays open for its part, unbuffered: each line is one append (whole lines from any
-    thread, nothing buffered that a fork could write twice), and a capture's first forward does not
-    pay an open, a mkdir and a close for each of its hundreds of modules."""
+    The file stays open for its part, unbuffered (nothing buffered that a fork could write twice),
+    so a capture's first forward does not pay an open, a mkdir and a close for each of its hundreds
+    of modules. Threads running models describe one at a time."""
 
     def __init__(self, root: Path, params: bool, note: Callable[[str], None]):
         self.root = Path(root)
         self.params = params
         self._note = note            # says in the dump what could not be written
         self._failed = False
+        self._finished = False       # the capture ended: nothing more is described
         self._part: str | None = None
         self._file: io.FileIO | None = None   # the part's file, once a module of it is described
-        self._opening = threading.Lock()
+        self._lock = threading.RLock()
         self._described: set[tuple[int, str]] = set()
 
     def describe(self, module: torch.nn.Module, path: str, rank: int, part: str) -> None:
         """Describe ``module`` (called at each recorded call; writes at its first)."""
-        if part != self._part:   # the capture's first record, or a forked child's
-            self.close()
-            # a fresh lock: a fork may have copied the parent's while another thread held it
-            self._part, self._described, self._opening = part, set(), threading.Lock()
-        key = (rank, path)
-        if key in self._described or self._failed:
-            return
-        self._described.add(key)
-        try:
-            self._write(module, path, rank, part)
-        except OSError as exc:   # the captured program must not fail for it: the dump says so
-            self._failed = True
-            self._note(f"module descriptions (and --params) stop at `{path or '(model)'}`: cannot write them "
-                       f"({exc.strerror or exc}); bisect cannot replay the culprit's op")
+        with self._lock:
+            if self._finished:
+                return
+            if part != self._part:   # the capture's first record, or a forked child's
+                self._close_file()
+                self._part, self._described = part, set()
+            key = (rank, path)
+            if key in self._described or self._failed:
+                return
+            self._described.add(key)
+            try:
+                self._write(module, path, rank, part)
+            except OSError as exc:   # the captured program must not fail for it: the dump says so
+                self._failed = True
+                self._note(f"module descriptions (and --params) stop at `{path or '(model)'}`: cannot write "
+                           f"them ({exc.strerror or exc}); bisect cannot replay the culprit's op")
 
-    def close(self) -> None:
-        """Close the part's file (at the capture's end, or when another part begins)."""
+    def finish(self) -> None:
+        """The capture's end: close the part's file; nothing more is described."""
+        with self._lock:
+            self._finished = True
+            self._close_file()
+
+    def after_fork_in_child(self) -> None:
+        """A fork may have copied the lock while another thread held it: the child's is its own.
+        (Its first description opens the child part's file and drops the inherited one.)"""
+        self._lock = threading.RLock()
+
+    def _close_file(self) -> None:
         if self._file is not None:
-            self._file.close()
-            self._file = None
+            file, self._file = self._file, None
+            try:
+                file.close()
+            except OSError:
+                pass   # unbuffered: every line written was written (or failed, and said so) already
 
     def _write(self, module: torch.nn.Module, path: str, rank: int, part: str) -> None:
         cls = type(module)
@@ -114,13 +131,16 @@ class ModuleDescriber:
             buffers = {name for name, _ in module.named_buffers(recurse=False)}
             line["params"] = {name: {**self._store(tensor), **({"buffer": True} if name in buffers else {})}
                               for name, tensor in _own_tensors(module)}
-        with self._opening:   # threads running models describe at once: one file for the part
-            if self._file is None:
-                folder = self.root / MODULES_DIR
-                folder.mkdir(exist_ok=True)
-                self._file = open(folder / f"{part}.jsonl", "ab", buffering=0)  # noqa: SIM115 - open for the part
-            file = self._file
-        file.write((json.dumps(line) + "\n").encode())
+        if self._file is None:
+            folder = self.root / MODULES_DIR
+            folder.mkdir(exist_ok=True)
+            self._file = open(folder / f"{part}.jsonl", "ab", buffering=0)  # noqa: SIM115 - open for the part
+        data = memoryview((json.dumps(line) + "\n").encode())
+        while data:   # an unbuffered write may take part of the line (a full disk raises OSError)
+            written = self._file.write(data)
+            if not written:
+                raise OSError(errno.EIO, "the file took none of the line")
+            data = data[written:]
 
     def _store(self, tensor: torch.Tensor) -> dict:
         """Store a parameter's bytes under its fingerprint unless the dump holds them already."""

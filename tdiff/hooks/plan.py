@@ -14,6 +14,8 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import torch
+
 from tdiff.hooks.annotations import annotating_framework, framework_of, registrations
 from tdiff.hooks.naming import ModulePaths, tensor_name
 from tdiff.store.tokens import FRAMEWORK_LAYOUTS
@@ -135,19 +137,15 @@ def declared_layout(module, parent: Frame | None) -> str | None:
 
 def _batch_first(holder) -> bool | None:
     """``holder.batch_first`` where it is a bool. Read where nn.Module keeps a plain attribute (its
-    instance dict) or where its class defines one: ``getattr`` of a name a module lacks goes through
-    nn.Module.__getattr__ and an exception, ~5 us a module, at every module call."""
+    instance dict) and, only where the class defines one or looks attributes up itself (a wrapper's
+    ``__getattr__`` that forwards them), through ``getattr``: for a name a module lacks that goes
+    through nn.Module.__getattr__ and an exception, ~5 us a module, at every module call."""
     value = holder.__dict__.get("batch_first")
-    if value is None and _class_declares(type(holder)):
-        value = getattr(holder, "batch_first", None)   # a class attribute, or a property to evaluate
+    if value is None:
+        cls = type(holder)
+        if getattr(cls, "batch_first", None) is not None or cls.__getattr__ is not _MODULE_GETATTR:
+            value = getattr(holder, "batch_first", None)
     return value if isinstance(value, bool) else None
 
 
-def _class_declares(cls: type) -> bool:
-    declares = _classes_declaring.get(cls)
-    if declares is None:
-        declares = _classes_declaring[cls] = getattr(cls, "batch_first", None) is not None
-    return declares
-
-
-_classes_declaring: dict[type, bool] = {}   # whether a module class defines ``batch_first``
+_MODULE_GETATTR = torch.nn.Module.__getattr__

@@ -97,8 +97,9 @@ class OpTracer(TorchDispatchMode):
         super().__init__()
         self.capture, self.recorder, self.call = capture, recorder, call
         path, module = where.path, where.module
-        # an op runs inside the module: the module is its parent, one level deeper
-        self.where = where._replace(parent=_Enclosing(path), depth=where.depth + 1, counter=None)
+        # an op runs inside the module: the module is its parent, one level deeper; its records
+        # declare no layout (their tensors are the op's, not the module's inputs or outputs)
+        self.where = where._replace(parent=_Enclosing(path), depth=where.depth + 1, counter=None, layout=None)
         self.base = tensor_name(path, "")
         # the module's own forward is where its ops are, also for a torch module (nn.Linear)
         forward = getattr(module, "forward", None)

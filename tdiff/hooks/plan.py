@@ -37,7 +37,8 @@ class Where(NamedTuple):
     annotator: str | None     # the framework whose annotator describes the records
     counter: str | None       # what the call was counted under: the module path or the dump's name
     layer: int | None         # the decoder layer, where the module path says another (Record.layer)
-    layout: str | None = None  # the module's declared layout (declared_layout), worked out once a call
+    layout: str | None = None  # the module's declared layout (declared_layout), worked out once a call;
+    #                            None for an explicit dump's and an op's records
 
 
 class CallPlan:

@@ -108,8 +108,7 @@ class Recorder:
             record.attrs = {**record.attrs, "bound": bound}
         if unrecorded is not None:
             record.attrs = {**record.attrs, "unrecorded": unrecorded}
-        if layout is not None and op is None and role != "explicit" \
-                and layout != FRAMEWORK_LAYOUTS.get(record.attrs.get("framework", "")):
+        if layout is not None and layout != FRAMEWORK_LAYOUTS.get(record.attrs.get("framework", "")):
             record.attrs = {**record.attrs, "layout": layout}   # what its framework's layout would not say
         if capture.ops is not None:
             capture.ops.held(original, seq)

@@ -140,7 +140,7 @@ def describe_tokens(*, step: int, rank: int, input_ids, positions=None, seq_lens
             pos = np.broadcast_to(pos, (grid[0], pos.shape[1]))   # [1, seq] positions shared by the batch (Hugging Face)
         if pos.shape != grid:
             raise TdiffError(f"tdiff.tokens: positions {list(pos.shape)} must have input_ids' shape {list(grid)}")
-    return TokenBatch(step=step, rank=rank, shape=tuple(grid), input_ids=ids.ravel().tolist(),
+    return TokenBatch(step=step, rank=rank, shape=grid, input_ids=ids.ravel().tolist(),
                       positions=pos.ravel().tolist(), seqs=seqs.ravel().tolist(), sequences=sequences,
                       seq_ids=_per_sequence(seq_ids, "seq_ids", sequences),
                       prompt_lens=_per_sequence(prompt_lens, "prompt_lens", sequences), source=source)

@@ -140,3 +140,14 @@ def test_cuda_op_records_match_the_cpu_structure(tmp_path, mode):
     assert all(r.device.startswith("cuda") for r in cuda.ops)
     if mode == "full":
         assert torch.equal(cuda.load(by_op(cuda)["aten::add.Tensor"]), output.cpu())
+
+
+def test_op_records_carry_no_layout_where_their_module_declares_one(tmp_path):
+    # a seq-first module's inputs and outputs say so; the tensors of its ops are the ops' own
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0).eval()   # batch_first=False
+    with torch.no_grad(), tdiff.capture(tmp_path / "d", ops=r"^$"):
+        layer(torch.randn(3, 2, 8))
+    dump = open_dump(tmp_path / "d")
+    outer = [r for r in dump.records if r.module == "" and r.role in ("input", "output")]
+    assert outer and all(r.attrs.get("layout") == "seq-first" for r in outer)
+    assert dump.ops and not any("layout" in r.attrs for r in dump.ops)

@@ -257,7 +257,7 @@ class Capture:
             if layout is not None:
                 attrs["layout"] = layout
             self.recorder.record(tensor, tensor_name(name, sub), sub, "explicit", call, where, attrs)
-        self.recorder.summaries.launch()
+        self.recorder.launch_summaries()
 
     def record_op(self, tensor: torch.Tensor, name: str, sub: str, call: int, where: Where,
                   op: dict) -> int | None:
@@ -265,7 +265,7 @@ class Capture:
         if self.part.failed:
             return None
         seq = self.recorder.record(tensor, name, sub, "op", call, where, op=op)
-        self.recorder.summaries.launch()  # before a later op can write the tensor (an in-place op)
+        self.recorder.launch_summaries()  # before a later op can write the tensor (an in-place op)
         return seq
 
     # ---- engines that call model.forward() directly ----

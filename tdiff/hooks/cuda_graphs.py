@@ -4,7 +4,8 @@ While a graph is being captured a hook may not synchronise or copy to the host (
 invalidates the capture, ``cudaErrorStreamCaptureInvalidated``), and on replay no Python runs at
 all. So during the capture of a ``torch.cuda.CUDAGraph`` each recorded tensor is copied
 device-to-device into a static buffer that the graph itself captures (past the budget, or in
-stats mode, its statistics and fingerprint are computed into a static slot instead). After each
+stats mode, its statistics and fingerprint are computed into a static slot instead, by the fused
+kernels of stats mode, launched in groups as in eager forwards, compiled before the capture). After each
 replay the buffers are copied to the host on the replay's stream, ahead of anything the next
 replay writes, and become the records of one step: the names, calls and bytes the eager forward
 gives.
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import threading
 import weakref
 
@@ -37,7 +37,7 @@ from tdiff.errors import TdiffError
 from tdiff.hooks.active import active_capture
 from tdiff.hooks.running import ThreadState
 from tdiff.hooks.frameworks import GRAPH_RUNNERS
-from tdiff.hooks.device import _Batch, _DeviceSummary, _packed_summary
+from tdiff.hooks.device import _Batch, _DeviceSummary, _kernels, _packed_summary
 from tdiff.store.dtypes import from_bytes_view, to_bytes_view
 from tdiff.store.record import Record
 from tdiff.store.writer import Pending
@@ -69,7 +69,11 @@ class GraphRecording:
         self.fallbacks = 0                   # full-mode records kept as statistics past the budget
         self._over_budget = False
         self._tables: list[torch.Tensor] = []
+        self._counters: list[torch.Tensor] = []   # the fused kernels' completion counter per slot
         self._used = _SLOTS_PER_TABLE
+        self._group: list[torch.Tensor] = []       # queued for one launch, in slots _group_slot onwards
+        self._group_slot = 0
+        self._partials: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self._seen: dict[int, tuple] = {}
 
     def record(self, record, counter: str, tensor: torch.Tensor) -> None:
@@ -93,14 +97,50 @@ class GraphRecording:
 
     def _summary_slot(self, tensor: torch.Tensor) -> tuple:
         if self._used == _SLOTS_PER_TABLE:
-            self._tables.append(torch.empty(_SLOTS_PER_TABLE, 7, dtype=torch.float64, device=tensor.device))
+            self.launch()   # a group's slots lie in one table
+            device = tensor.device
+            self._tables.append(torch.empty(_SLOTS_PER_TABLE, 7, dtype=torch.float64, device=device))
+            # zeroed by the graph at each replay, before the kernels that count in them
+            self._counters.append(torch.zeros(_SLOTS_PER_TABLE, 1, dtype=torch.int32, device=device))
             self._used = 0
         table, row = self._tables[-1], self._used
         self._used += 1
-        # torch ops, not the fused Triton kernel: a kernel compiled for the first time inside a
-        # capture would load a module mid-capture; these launch only cached kernels
-        table[row].copy_(_packed_summary(tensor))
+        kernels = _kernels()
+        numel = tensor.numel()
+        if (kernels is None or not kernels.group_kernel_compiled(tensor.device, tensor.dtype)
+                or not kernels.fused_summary_supported(tensor) or numel > kernels.GROUP * kernels.GROUPED_MAX_ELEMENTS):
+            # torch ops: no kernel is compiled or loaded in the middle of a capture
+            self.launch()
+            table[row].copy_(_packed_summary(tensor))
+        elif numel > kernels.GROUPED_MAX_ELEMENTS:
+            self.launch()
+            kernels.group_summary_into([tensor], table, self._counters[-1], row, self._partials_of(tensor))
+        else:
+            group = self._group
+            if group and (group[0].dtype != tensor.dtype or len(group) == kernels.GROUP):
+                self.launch()
+            if not self._group:
+                self._group_slot = row
+            self._group.append(tensor)
         return table, row
+
+    def launch(self) -> None:
+        """Launch the summaries queued so far (where eager forwards launch theirs: once a module
+        call's inputs, or its outputs, are all recorded, before a later kernel can change them)."""
+        if self._group:
+            _kernels().group_summary_into(self._group, self._tables[-1], self._counters[-1], self._group_slot,
+                                          self._partials_of(self._group[0]))
+            self._group = []
+
+    def _partials_of(self, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The graph's own partials for the fused kernels on the capturing stream: a replay may run
+        on any stream, beside eager launches that use theirs (and the kernels of two streams forked
+        inside the capture may overlap)."""
+        key = (torch.cuda.current_stream(tensor.device).cuda_stream, tensor.dtype)
+        found = self._partials.get(key)
+        if found is None:
+            found = self._partials[key] = _kernels().new_partials(tensor.device, tensor.dtype)
+        return found
 
     def _alias(self, tensor: torch.Tensor, index: int) -> int | None:
         """The entry of this very tensor recorded earlier in the graph, unchanged since."""
@@ -150,6 +190,9 @@ class GraphRecorder:
         writer finish what it holds, so that no tdiff thread makes a CUDA call during the capture
         (in the default global capture mode, an event wait in any thread invalidates it)."""
         self.capture.flush_summaries()
+        kernels = _kernels()
+        if kernels is not None and self.mode == "stats":  # full mode's past the budget take torch ops
+            kernels.compile_group_kernels(torch.device("cuda", torch.cuda.current_device()))
         writer = self.capture.part.opened
         if writer is not None:
             writer.drain()
@@ -214,21 +257,23 @@ def _emit(capture, recording: GraphRecording, thread: ThreadState, bases: dict, 
     copies: list[Pending] = []
     seqs: list[int] = []
     for entry in recording.entries:
-        record = entry.record
         seq = capture.running.next_seq()
         seqs.append(seq)
         source = recording.entries[entry.alias] if entry.alias is not None else entry
-        shape = _trimmed(record.shape, rows, recording.rows) if source.slot is None else record.shape
-        record = dataclasses.replace(record, seq=seq, step=thread.step, call=bases[entry.counter] + record.call,
-                                     thread=thread.label, shape=shape)
+        record = entry.record.copy()
+        record.seq, record.step, record.call, record.thread = \
+            seq, thread.step, bases[entry.counter] + record.call, thread.label
+        if source.slot is None:
+            record.shape = _trimmed(record.shape, rows, recording.rows)
         if entry.alias is not None:
-            copies.append(Pending(record=dataclasses.replace(record, alias_of=seqs[entry.alias]),
-                                  original=copies[entry.alias]))
+            record.alias_of = seqs[entry.alias]
+            copies.append(Pending(record=record, original=copies[entry.alias]))
         elif entry.static is not None:
-            nbytes = entry.static.numel() * math.prod(shape) // entry.record.numel if entry.record.numel else 0
+            nbytes = entry.static.numel() * record.numel // entry.record.numel if entry.record.numel else 0
             host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
             host.copy_(entry.static[:nbytes], non_blocking=True)
-            copies.append(Pending(record=record, data=from_bytes_view(host, record.dtype, shape), nbytes=nbytes))
+            copies.append(Pending(record=record, data=from_bytes_view(host, record.dtype, record.shape),
+                                  nbytes=nbytes))
         else:
             table, row = entry.slot
             copies.append(Pending(record=record, summary=_DeviceSummary(stats_batches[id(table)], row)))

@@ -70,7 +70,7 @@ def recorded_call(capture: Capture, module, invoke, args: tuple, kwargs: dict):
         for sub, tensor in flatten_call_inputs(args, kwargs):
             recorder.record(tensor, plan.name(sub), sub, "input", call, where,
                             bound=plan.bound_name(sub, parameters))
-        recorder.summaries.launch()  # the inputs' summaries run before the module can change them
+        recorder.launch_summaries()  # the inputs' summaries run before the module can change them
     tracer = None
     if recording and plan.traced and graph is not None:
         capture.note(f"--ops: {tensor_name(path, '')} ran in a CUDA graph: the ops of its replays are not "
@@ -97,7 +97,7 @@ def recorded_call(capture: Capture, module, invoke, args: tuple, kwargs: dict):
     if recording:
         for sub, tensor in flatten_tensors(output):
             recorder.record(tensor, plan.name(sub), sub, "output", call, where, unrecorded=unrecorded)
-        recorder.summaries.launch()
+        recorder.launch_summaries()
     if not stack:
         (graph.top_level if graph is not None else thread.top_level_done).add(id(module))
     return output

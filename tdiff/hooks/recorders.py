@@ -64,6 +64,15 @@ class Recorder:
         self._aliases.clear()
         self.summaries = Summarizer()
 
+    def launch_summaries(self) -> None:
+        """Launch the summaries queued so far, eager or inside the CUDA graph this thread captures
+        (called once a module call's inputs, or its outputs, are all recorded: before a later
+        kernel can change them)."""
+        self.summaries.launch()
+        graph = self._capture.graphs.capturing()
+        if graph is not None:
+            graph.launch()
+
     def record(self, tensor: torch.Tensor, name: str, sub: str, role: str, call: int,
                where: Where, explicit_attrs: dict | None = None, op: dict | None = None,
                bound: str | None = None, unrecorded: dict[str, str] | None = None) -> int | None:

@@ -223,7 +223,7 @@ def fused_summary_into(tensor: torch.Tensor, out: torch.Tensor, finished: torch.
 
 
 def group_summary_into(tensors: list[torch.Tensor], table: torch.Tensor, counters: torch.Tensor,
-                       slot: int) -> None:
+                       slot: int, partials: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """:func:`fused_summary_into` for up to :data:`GROUP` tensors of one dtype on one device, in
     one launch: tensor ``i`` into ``table[slot + i]``, with counter ``counters[slot + i]``. Each
     tensor must pass :func:`fused_summary_supported`.
@@ -232,7 +232,8 @@ def group_summary_into(tensors: list[torch.Tensor], table: torch.Tensor, counter
     counts: the kernel is compiled once per device and dtype (its arguments are 64-bit addresses
     and integers it does not specialise on, so the kernel compiled first fits every later launch),
     later launches go to the compiled kernel directly, past the JIT's and the runner's per-launch
-    Python, and its partials live in a buffer kept per stream."""
+    Python, and its partials live in a buffer kept per stream, or in ``partials``
+    (:func:`new_partials`: a CUDA graph's own, as its replays may run on any stream)."""
     first = tensors[0]
     device = first.device
     blocks = sum(_blocks(t.numel()) for t in tensors) if len(tensors) > 1 else _blocks(first.numel())
@@ -240,9 +241,11 @@ def group_summary_into(tensors: list[torch.Tensor], table: torch.Tensor, counter
     stream = _current_stream(device.index)
     values = (slot, *(t.data_ptr() for t in tensors), *([first.data_ptr()] * unused),
               *(t.numel() for t in tensors), *([0] * unused), MIX_INCREMENT, MIX_MULTIPLIER_1, MIX_MULTIPLIER_2)
-    launch = _launches.get((device.index, table.data_ptr(), counters.data_ptr(), first.dtype, stream))
+    key = (device.index, table.data_ptr(), counters.data_ptr(), first.dtype, stream,
+           partials[0].data_ptr() if partials is not None else 0)
+    launch = _launches.get(key)
     if launch is None:
-        launch = _first_launch(first, table, counters, stream, blocks, values)
+        launch = _first_launch(first, table, counters, stream, blocks, values, key, partials)
         if launch is None:
             return  # this launch compiled the kernel, and ran it
     compiled, hooked, head, constants = launch
@@ -254,13 +257,13 @@ def group_summary_into(tensors: list[torch.Tensor], table: torch.Tensor, counter
 
 
 def _first_launch(first: torch.Tensor, table: torch.Tensor, counters: torch.Tensor, stream: int, blocks: int,
-                  values: tuple) -> tuple | None:
-    """What every later launch on this table, counters, dtype and stream passes the compiled kernel before and
-    after its tensors' addresses and sizes (worked out once: a launch's host time is what counts);
-    None when the kernel was not compiled yet: this launch compiled and ran it."""
+                  values: tuple, key: tuple, partials: tuple[torch.Tensor, torch.Tensor] | None) -> tuple | None:
+    """What every later launch on this table, counters, dtype, stream and partials (``key``) passes the
+    compiled kernel before and after its tensors' addresses and sizes (worked out once: a launch's host
+    time is what counts); None when the kernel was not compiled yet: this launch compiled and ran it."""
     device = first.device
     element = first.element_size()
-    partial_f, partial_i = _partials(device, stream, _accumulator(first.dtype))
+    partial_f, partial_i = partials or _partials(device, stream, first.dtype)
     constants = (element, _BLOCK, _BLOCK * element // 8, _FOLD)  # ELEMENT_BYTES, BLOCK, WORDS, FOLD
     key = (device, first.dtype)
     found = _compiled_group_kernels.get(key)
@@ -275,8 +278,32 @@ def _first_launch(first: torch.Tensor, table: torch.Tensor, counters: torch.Tens
     table_address = table.data_ptr()
     head = (_dtype_witness(first).data_ptr(), partial_f.data_ptr(), partial_i.data_ptr(), counters.data_ptr(),
             table_address, table_address)
-    launch = _launches[(device.index, table_address, head[3], first.dtype, stream)] = (compiled, hooked, head, constants)
+    launch = _launches[key] = (compiled, hooked, head, constants)
     return launch
+
+
+def group_kernel_compiled(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the group kernel for ``dtype`` on ``device`` (a tensor's own device, with its index) is
+    compiled and loaded: inside a CUDA graph's capture only such a kernel may be launched."""
+    return (device, dtype) in _compiled_group_kernels
+
+
+def compile_group_kernels(device: torch.device) -> None:
+    """Compile and load the group kernel for every dtype it reads, on the current stream of ``device``
+    (before a CUDA graph's capture: a kernel compiled or loaded inside one would break it)."""
+    for dtype in FUSED_DTYPES:
+        witness = torch.zeros(8 // dtype.itemsize, dtype=dtype, device=device)  # one 8-byte word
+        if group_kernel_compiled(witness.device, dtype):
+            continue
+        table = torch.empty(1, 7, dtype=torch.float64, device=device)
+        group_summary_into([witness], table, torch.zeros(1, 1, dtype=torch.int32, device=device), 0)
+
+
+def new_partials(device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partials for :func:`group_summary_into` of tensors of ``dtype``: room for a group of
+    :data:`GROUP` tensors of :data:`GROUPED_MAX_ELEMENTS`, or one of ``GROUP`` times that."""
+    return (torch.empty(_MAX_GROUP_BLOCKS * 4, dtype=_accumulator(dtype), device=device),
+            torch.empty(_MAX_GROUP_BLOCKS * 3, dtype=torch.int64, device=device))
 
 
 def _launch_hooks_installed() -> bool:
@@ -290,8 +317,9 @@ def _launch_hooks_installed() -> bool:
 _compiled_group_kernels: dict[tuple, tuple[Any, bool]] = {}  # CompiledKernel, launch hooks installed
 _dtype_witnesses: dict[tuple, torch.Tensor] = {}
 _partial_buffers: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-# (device, table address, counters' address, dtype, stream) -> what _first_launch worked out; keyed by
-# both addresses, so a table or counters allocated later where freed ones were never meet stale ones
+# (device, table address, counters' address, dtype, stream, given partials' address or 0) -> what
+# _first_launch worked out; keyed by the addresses, so a table, counters or partials allocated later
+# where freed ones were never meet stale ones
 _launches: dict[tuple, tuple] = {}
 _MAX_GROUP_BLOCKS = GROUP * _blocks(GROUPED_MAX_ELEMENTS)
 
@@ -300,15 +328,14 @@ def _current_stream(device_index: int) -> int:
     return torch._C._cuda_getCurrentRawStream(device_index)
 
 
-def _partials(device: torch.device, stream: int, accumulator: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def _partials(device: torch.device, stream: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """The group kernel's partials on this stream: launches on one stream run one after the other
     and may share them; launches on two streams may overlap and must not. (Torch hands streams out
     of a fixed pool per device, so there are few of these.)"""
-    key = (device, stream, accumulator)
+    key = (device, stream, _accumulator(dtype))
     found = _partial_buffers.get(key)
     if found is None:
-        found = _partial_buffers[key] = (torch.empty(_MAX_GROUP_BLOCKS * 4, dtype=accumulator, device=device),
-                                         torch.empty(_MAX_GROUP_BLOCKS * 3, dtype=torch.int64, device=device))
+        found = _partial_buffers[key] = new_partials(device, dtype)
     return found
 
 

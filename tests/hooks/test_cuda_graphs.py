@@ -219,6 +219,43 @@ def test_stats_mode_inside_a_graph_matches_eager(tmp_path):
     assert compare_dumps(eager(model, inputs, tmp_path / "full"), b).status == "match"
 
 
+@cuda
+def test_stats_mode_inside_a_graph_launches_the_fused_kernels_in_groups(tmp_path, monkeypatch):
+    """Issue 30: summaries inside a graph are the fused group kernel's, launched per module call's
+    inputs or outputs (not a dozen torch-op kernels a tensor, each a node of the graph), and give
+    eager's statistics and fingerprints, in bf16 too."""
+    from tdiff.hooks import cuda_graphs
+    from tdiff.store import device_summary
+
+    launched = []   # tensors per launch made while a graph is captured
+    original = device_summary.group_summary_into
+
+    def counted(tensors, *args, **kwargs):
+        if torch.cuda.is_current_stream_capturing():
+            launched.append(len(tensors))
+        return original(tensors, *args, **kwargs)
+
+    def no_torch_ops(tensor):
+        raise AssertionError("a summary inside the graph was computed with torch ops")
+
+    class TwoHeads(Tiny):   # an outermost call with two outputs: one launch of two
+        def forward(self, x):
+            y = super().forward(x)
+            return y * 2, y + 1
+
+    monkeypatch.setattr(device_summary, "group_summary_into", counted)
+    monkeypatch.setattr(cuda_graphs, "_packed_summary", no_torch_ops)
+    model = TwoHeads().cuda().bfloat16()
+    inputs = [x.bfloat16() for x in batches()]
+    a = eager(model, inputs, tmp_path / "a", mode="stats")
+    b, _ = graphed(model, inputs, tmp_path / "b", mode="stats")
+    assert identity(b) == identity(a)
+    assert compare_dumps(a, b).status == "match"
+    first_replay = [r for r in b.records if r.step == b.records[0].step]
+    assert sum(launched) == len([r for r in first_replay if r.alias_of is None])
+    assert len(launched) < sum(launched)
+
+
 # ---- without a GPU ----
 class Doubler(torch.nn.Module):
     def forward(self, x):

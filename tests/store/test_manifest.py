@@ -51,6 +51,23 @@ def test_every_stored_field_round_trips_and_is_documented():
     assert documented == set(stored) | set(op_stored)
 
 
+def test_a_records_copy_has_every_field_and_is_its_own():
+    """Record.copy (a CUDA graph's replays copy each record) keeps every field, whatever its
+    default, and setting the copy's fields leaves the original as it was."""
+    values = {"seq": 3, "name": "m.mlp[0]", "module": "m.mlp", "role": "op", "step": 1, "call": 2, "rank": 1,
+              "dtype": "bfloat16", "shape": (2, 3), "sub": "0", "module_class": "MLP", "parent": "m", "depth": 2,
+              "layer": 4, "thread": "worker", "device": "cuda:0", "stats": {"min": 0.0},
+              "fingerprint": "xxh3:" + "0" * 32, "file": "p.s00000.safetensors", "key": "t3", "alias_of": 1,
+              "attrs": {"framework": "torch"}, "op": {"name": "aten::neg"}, "part": "p"}
+    assert set(values) == {f.name for f in dataclasses.fields(Record)}
+    record = Record(**values)
+    copy = record.copy()
+    assert copy == record and copy is not record
+    for name in values:
+        setattr(copy, name, None)
+    assert record == Record(**values)
+
+
 @pytest.mark.parametrize("field, value, message", [
     ("shape", "3x4", "field 'shape' has the wrong type"),
     ("shape", [3, -1], "non-negative integers"),

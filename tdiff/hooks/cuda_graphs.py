@@ -45,7 +45,15 @@ from tdiff.store.writer import Pending
 _SLOTS_PER_TABLE = 256      # statistics slots allocated together while a graph is captured
 _ATTRIBUTE = "_tdiff_recording"   # where a graph keeps what its capture recorded
 
-_thread = threading.local()  # .recording: the graph this thread captures; .warmups: warmup() depth
+class _ThreadGraphs(threading.local):
+    """This thread's graph state. Defaults on the class: a missing attribute of a thread-local
+    costs an exception each time, and every module call asks."""
+
+    recording: GraphRecording | None = None   # the graph this thread captures
+    warmups = 0                               # warmup() depth
+
+
+_thread = _ThreadGraphs()
 
 
 @dataclasses.dataclass
@@ -171,12 +179,12 @@ class GraphRecorder:
     @staticmethod
     def capturing() -> GraphRecording | None:
         """The recording of the graph this thread is capturing, None outside graph capture."""
-        return getattr(_thread, "recording", None)
+        return _thread.recording
 
     def unrecorded(self) -> bool:
         """Whether module calls now run unrecorded: a warm-up, or a stream capture that did not go
         through torch.cuda.CUDAGraph (no graph to hang buffers on: record nothing, break nothing)."""
-        if getattr(_thread, "warmups", 0):
+        if _thread.warmups:
             return True
         if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
             self.capture.note("a CUDA stream capture outside torch.cuda.CUDAGraph ran: the modules "
@@ -306,7 +314,7 @@ def warmup():
     """Forwards run inside are not recorded and are not steps (a CUDA graph's warm-up runs).
 
     A graph captured inside is still recorded. A no-op when no capture is active."""
-    _thread.warmups = getattr(_thread, "warmups", 0) + 1
+    _thread.warmups += 1
     try:
         yield
     finally:

@@ -23,7 +23,7 @@ from tdiff.hooks.naming import flatten_call_inputs, flatten_tensors, positional_
 from tdiff.hooks.opaque import unrecorded_arguments
 from tdiff.hooks.ops import OpTracer
 from tdiff.hooks.plan import Where, declared_layout
-from tdiff.hooks.running import Frame, ThreadState, count_call
+from tdiff.hooks.running import UNKNOWN_LAYOUT, Frame, ThreadState, count_call
 
 if TYPE_CHECKING:
     from tdiff.hooks.capture import Capture
@@ -58,7 +58,7 @@ def recorded_call(capture: Capture, module, invoke, args: tuple, kwargs: dict):
                  and not capture.part.failed)
     compiled = _compiled(module)
     described = plan.wrapped if compiled and plan.wrapped is not None else module
-    layout = declared_layout(described, parent)
+    layout = declared_layout(described, parent) if recording else None
     where = Where(path, described, parent, len(stack), plan.annotator, path, plan.other_layer, layout)
     recorder = capture.recorder
     if recording and graph is None:   # (a parameter's host copy cannot run while a graph is captured)
@@ -84,8 +84,8 @@ def recorded_call(capture: Capture, module, invoke, args: tuple, kwargs: dict):
     if compiled:
         capture.note(f"torch.compile: {tensor_name(path, '')} ran compiled: its inputs and outputs are "
                      "recorded, the modules inside it are not (capture without torch.compile to record them)")
-    stack.append(Frame(module, path, call, plan.annotator, plan.layer, compiled, tracer,
-                       layout if described is module else declared_layout(module, parent)))
+    stack.append(Frame(module, path, call, plan.annotator, plan.layer, compiled, tracer, parent,
+                       layout if recording and described is module else UNKNOWN_LAYOUT))
     try:
         if tracer is None:
             output = invoke(*args, **kwargs)

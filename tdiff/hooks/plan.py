@@ -18,6 +18,7 @@ import torch
 
 from tdiff.hooks.annotations import annotating_framework, framework_of, registrations
 from tdiff.hooks.naming import ModulePaths, tensor_name
+from tdiff.hooks.running import UNKNOWN_LAYOUT
 from tdiff.store.tokens import FRAMEWORK_LAYOUTS
 from tdiff.vocab.paths import call_layer, layer_of
 
@@ -133,7 +134,16 @@ def declared_layout(module, parent: Frame | None) -> str | None:
                 break
     if batch_first is not None:
         return "batch-first" if batch_first else "seq-first"
-    return FRAMEWORK_LAYOUTS.get(framework_of(type(module))) or (parent.layout if parent is not None else None)
+    return FRAMEWORK_LAYOUTS.get(framework_of(type(module))) or (frame_layout(parent) if parent is not None else None)
+
+
+def frame_layout(frame: Frame) -> str | None:
+    """The layout a running call's module declares (:func:`declared_layout`), worked out when a
+    record of the call or of a call inside it first asks: a call that records nothing (most of
+    them, under a narrow selection) then costs nothing for it."""
+    if frame.layout == UNKNOWN_LAYOUT:
+        frame.layout = declared_layout(frame.module, frame.parent)
+    return frame.layout
 
 
 def _batch_first(holder) -> bool | None:

@@ -30,18 +30,25 @@ if TYPE_CHECKING:
     from tdiff.hooks.ops import OpTracer
 
 
+UNKNOWN_LAYOUT = ""   # a Frame's layout before anything asked for it (tdiff.hooks.plan.frame_layout)
+
+
 class Frame:
     """One module call running in this thread."""
 
-    __slots__ = ("module", "path", "call", "annotator", "layer", "compiled", "tracer", "layout")
+    __slots__ = ("module", "path", "call", "annotator", "layer", "compiled", "tracer", "parent", "layout")
 
-    def __init__(self, module, path, call, annotator, layer, compiled=False, tracer=None, layout=None):
+    def __init__(self, module, path, call, annotator, layer, compiled=False, tracer=None, parent=None,
+                 layout: str | None = UNKNOWN_LAYOUT):
         self.module, self.path, self.call = module, path, call
-        self.layout: str | None = layout   # "seq-first" / "batch-first", as its module declares (declared_layout)
         self.annotator = annotator   # the framework whose annotator describes this call's records
         self.layer = layer           # the decoder layer this call belongs to (tdiff.vocab.paths.call_layer)
         self.compiled = compiled     # a torch.compile'd module: what it calls runs as compiled code
         self.tracer: OpTracer | None = tracer   # records this call's own ops (capture --ops)
+        self.parent: Frame | None = parent      # the enclosing call's
+        # "seq-first" / "batch-first" as its module declares, None: nothing says; worked out when
+        # first asked (tdiff.hooks.plan.frame_layout): most calls record nothing
+        self.layout = layout
 
 
 class ThreadState:

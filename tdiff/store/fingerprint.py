@@ -48,15 +48,23 @@ MIX_MULTIPLIER_2 = 0x94D049BB133111EB - (1 << 64)
 _MIX_CHUNK = 1 << 22  # words per round of torch ops: bounds their temporaries
 
 
-def _shape_tag(dtype: str, shape) -> bytes:
+@functools.lru_cache(maxsize=4096)
+def _shape_tag(dtype: str, shape: tuple[int, ...]) -> bytes:
+    """A forward records the same few shapes again and again: each tag is built once."""
     return f"{dtype}{list(shape)}".encode()
 
 
 def xxh3_fingerprint(tensor: torch.Tensor, sink=None) -> str:
     """XXH3-128 over dtype, shape and raw bytes of a host tensor; ``sink``, if given, is handed
     the bytes once they are hashed."""
+    tag = _shape_tag(dtype_name(tensor.dtype), tuple(tensor.shape))
+    if (sink is None and type(tensor) is torch.Tensor and tensor.is_contiguous() and not tensor.is_quantized
+            and not tensor.is_conj() and not tensor.is_neg()):
+        # its memory is its bytes: no views to build (capture checks a small tensor's bytes at
+        # every record that may alias an earlier one)
+        return "xxh3:" + xxh3_128_hex(tag, tensor.data_ptr(), tensor.numel() * tensor.element_size())
     raw = to_bytes_view(tensor).contiguous()
-    digest = xxh3_128_hex(_shape_tag(dtype_name(tensor.dtype), tensor.shape), raw.data_ptr(), raw.numel())
+    digest = xxh3_128_hex(tag, raw.data_ptr(), raw.numel())
     if sink is not None and raw.numel():
         sink(raw.numpy().data)
     return "xxh3:" + digest

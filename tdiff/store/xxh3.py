@@ -35,11 +35,18 @@ def _exported_xxh3() -> ctypes.CDLL | None:
 
 
 _lib = _exported_xxh3()
+SMALL = 1 << 14   # bytes: copied and hashed in one call of the xxhash module
 
 
 def xxh3_128_hex(prefix: bytes, address: int, nbytes: int) -> str:
     """XXH3-128 (seed 0) of ``prefix`` followed by the ``nbytes`` bytes at ``address``, as
-    ``xxhash.xxh3_128(prefix + data).hexdigest()`` writes it. The caller keeps the bytes alive."""
+    ``xxhash.xxh3_128(prefix + data).hexdigest()`` writes it. The caller keeps the bytes alive.
+
+    Up to :data:`SMALL` bytes are hashed by the xxhash module at once, holding the GIL: a few
+    microseconds of it, against the six foreign calls of the GIL-free path (capture checks a
+    small tensor's bytes at every record that may alias an earlier one)."""
+    if nbytes <= SMALL:
+        return xxhash.xxh3_128_hexdigest(prefix + ctypes.string_at(address, nbytes))
     if _lib is None:
         hasher = xxhash.xxh3_128(prefix)
         if nbytes:

@@ -15,6 +15,15 @@ def test_digest_is_the_xxhash_modules(prefix, data):
     assert xxh3_128_hex(prefix, array.ctypes.data, array.nbytes) == xxhash.xxh3_128(prefix + data).hexdigest()
 
 
+def test_sizes_on_either_side_of_the_one_call_bound_give_the_xxhash_modules_digest():
+    from tdiff.store.xxh3 import SMALL
+
+    data = np.random.default_rng(3).integers(0, 256, SMALL + 4097, dtype=np.uint8)
+    for size in (0, 1, SMALL - 1, SMALL, SMALL + 1, SMALL + 4097):
+        expected = xxhash.xxh3_128(b"tag" + data[:size].tobytes()).hexdigest()
+        assert xxh3_128_hex(b"tag", data.ctypes.data, size) == expected
+
+
 def test_threads_hashing_at_once_get_each_their_own_digest():
     buffers = [np.random.default_rng(seed).integers(0, 256, 1 << 20, dtype=np.uint8) for seed in range(8)]
     expected = [xxhash.xxh3_128(b"tag" + b.tobytes()).hexdigest() for b in buffers]

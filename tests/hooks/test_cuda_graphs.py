@@ -256,6 +256,22 @@ def test_stats_mode_inside_a_graph_launches_the_fused_kernels_in_groups(tmp_path
     assert len(launched) < sum(launched)
 
 
+@cuda
+def test_a_summary_kernel_that_cannot_be_compiled_leaves_the_graph_to_torch_ops(tmp_path, monkeypatch):
+    from tdiff.store import device_summary
+
+    def fails(device):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(device_summary, "compile_group_kernels", fails)
+    monkeypatch.setattr(device_summary, "group_kernel_compiled", lambda device, dtype: False)
+    model, inputs = Tiny().cuda(), batches()
+    a = eager(model, inputs, tmp_path / "a", mode="stats")
+    b, _ = graphed(model, inputs, tmp_path / "b", mode="stats")
+    assert any("could not be compiled" in note for note in b.notes)
+    assert compare_dumps(a, b).status == "match"
+
+
 # ---- without a GPU ----
 class Doubler(torch.nn.Module):
     def forward(self, x):

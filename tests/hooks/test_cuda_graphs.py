@@ -238,10 +238,18 @@ def test_stats_mode_inside_a_graph_launches_the_fused_kernels_in_groups(tmp_path
     def no_torch_ops(tensor):
         raise AssertionError("a summary inside the graph was computed with torch ops")
 
-    class TwoHeads(Tiny):   # an outermost call with two outputs: one launch of two
-        def forward(self, x):
-            y = super().forward(x)
+    class Split(torch.nn.Module):
+        def forward(self, y):
             return y * 2, y + 1
+
+    class TwoHeads(Tiny):   # a call with two outputs: one launch of two
+        def __init__(self):
+            super().__init__()
+            self.split = Split()
+
+        def forward(self, x):
+            a, b = self.split(super().forward(x))
+            return a + b
 
     monkeypatch.setattr(device_summary, "group_summary_into", counted)
     monkeypatch.setattr(cuda_graphs, "_packed_summary", no_torch_ops)

@@ -26,10 +26,8 @@ Examples:
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 import math
-import os
 import threading
 
 import torch
@@ -191,39 +189,14 @@ def host_summary(tensor: torch.Tensor, *, chunk: int = _CHUNK, sink=None) -> tup
     teams of threads would compete with the model's for the cores (on the GPU machine's 16 cores,
     0.6 ms a sum of a 1 x 128 activation).
 
-    Where torch runs on more than :data:`_INTERLEAVED_MAX_THREADS` threads, a tensor of several
-    chunks is hashed on a thread of its own, beside the statistics' ops, instead.
-
     ``sink``, if given, is handed the tensor's bytes (as :func:`tdiff.store.dtypes.to_bytes_view`
     gives them) in order, a buffer at a time, each once it is hashed: from the cache, too."""
     t = _own_values(tensor)
     if t is None:
         return host_stats(tensor), xxh3_fingerprint(tensor, sink=sink)
-    if sink is None and t.numel() > chunk >= _CHUNK and torch.get_num_threads() > _INTERLEAVED_MAX_THREADS:
-        # many threads: hashing each chunk between the statistics' ops let torch's threads fall
-        # asleep and wake again for every op (on 16 cores, twice the time of the two apart);
-        # the hash runs beside them instead (it lets go of the GIL), done before this returns
-        hashed = _hash_thread().submit(xxh3_fingerprint, t)
-        try:
-            stats = _chunked_stats(t, None, chunk=chunk)
-        finally:
-            fingerprint = hashed.result()
-        return stats, fingerprint
     hasher = xxhash.xxh3_128(_shape_tag(dtype_name(t.dtype), t.shape))
     stats = _chunked_stats(t, hasher, chunk=chunk, sink=sink)
     return stats, "xxh3:" + hasher.hexdigest()
-
-
-_INTERLEAVED_MAX_THREADS = 2   # torch threads up to which a chunk is hashed while the cache holds it
-_hash_threads: dict[int, concurrent.futures.ThreadPoolExecutor] = {}   # by process: a forked child makes its own
-
-
-def _hash_thread() -> concurrent.futures.ThreadPoolExecutor:
-    pid = os.getpid()
-    executor = _hash_threads.get(pid)
-    if executor is None:
-        executor = _hash_threads[pid] = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tdiff-hash")
-    return executor
 
 
 def _own_values(tensor: torch.Tensor) -> torch.Tensor | None:

@@ -231,43 +231,6 @@ def test_host_summary_is_host_stats_and_the_xxh3_fingerprint_in_one_pass(case):
     assert stats[4:] == expected[4:]
 
 
-@pytest.fixture
-def torch_threads():
-    """Set torch's thread count for a test, and back afterwards."""
-    before = torch.get_num_threads()
-    yield torch.set_num_threads
-    torch.set_num_threads(before)
-
-
-@pytest.mark.parametrize("case", list(_chunked_cases()))
-def test_with_many_threads_host_summary_hashes_beside_the_statistics(case, torch_threads, monkeypatch):
-    # issue 30: on the GPU machine's 16 threads, hashing between the statistics' ops cost twice
-    # their time apart; a large tensor is hashed on a thread of its own while torch's threads
-    # compute the statistics, with the same results
-    import threading
-
-    t = _chunked_cases()[case]
-    expected_stats, expected_digest = fingerprint.host_summary(t)
-    hashed_on = []
-    original = fingerprint.xxh3_fingerprint
-
-    def spied(tensor, sink=None):
-        hashed_on.append(threading.current_thread().name)
-        return original(tensor, sink=sink)
-
-    monkeypatch.setattr(fingerprint, "xxh3_fingerprint", spied)
-    torch_threads(fingerprint._INTERLEAVED_MAX_THREADS + 2)
-    stats, digest = fingerprint.host_summary(t)
-    assert digest == expected_digest
-    assert stats == pytest.approx(expected_stats, nan_ok=True) and stats[4:] == expected_stats[4:]
-    beside = t.is_contiguous() and t.is_floating_point() and t.numel() > fingerprint._CHUNK
-    assert (hashed_on != [] and all(name.startswith("tdiff-hash") for name in hashed_on)) == beside
-    hashed_on.clear()
-    torch_threads(fingerprint._INTERLEAVED_MAX_THREADS)
-    assert fingerprint.host_summary(t)[1] == expected_digest
-    assert not any(name.startswith("tdiff-hash") for name in hashed_on)   # hashed chunk by chunk, from the cache
-
-
 @pytest.mark.parametrize("case", list(_chunked_cases()))
 def test_host_summary_hands_its_sink_the_bytes_in_order(case):
     # full mode's capture of a CPU tensor: what the sink gets is what its shard stores

@@ -104,12 +104,13 @@ class GraphRecording:
         self.entries.append(_Entry(record, counter, slot=self._summary_slot(tensor)))
 
     def _summary_slot(self, tensor: torch.Tensor) -> tuple:
-        if self._used == _SLOTS_PER_TABLE:
-            self.launch()   # a group's slots lie in one table
-            device = tensor.device
+        device = tensor.device
+        if self._used == _SLOTS_PER_TABLE or self._tables[-1].device != device:
+            self.launch()   # a group's slots lie in one table, on its tensors' device
             self._tables.append(torch.empty(_SLOTS_PER_TABLE, 7, dtype=torch.float64, device=device))
-            # zeroed by the graph at each replay, before the kernels that count in them
-            self._counters.append(torch.zeros(_SLOTS_PER_TABLE, 1, dtype=torch.int32, device=device))
+            # zeroed once the capture ends (finish), not by a node of the graph: kernels of another
+            # stream forked inside the capture would not be ordered after it
+            self._counters.append(torch.empty(_SLOTS_PER_TABLE, 1, dtype=torch.int32, device=device))
             self._used = 0
         table, row = self._tables[-1], self._used
         self._used += 1
@@ -160,8 +161,15 @@ class GraphRecording:
         self._seen[id(tensor)] = (weakref.ref(tensor), tensor._version, index)
         return None
 
-    def finish(self) -> None:
+    def finish(self, completed: bool) -> None:
+        """The capture ended (``completed``: the graph can be replayed)."""
         self._seen.clear()
+        if completed and self._counters:
+            # the fused kernels count their blocks from zero and leave each counter at zero again
+            for counters in self._counters:
+                counters.zero_()
+            for device in {counters.device for counters in self._counters}:
+                torch.cuda.current_stream(device).synchronize()   # before a replay on any stream
 
 
 class GraphRecorder:
@@ -212,11 +220,11 @@ class GraphRecorder:
     def begin(self) -> None:
         _thread.recording = GraphRecording(self)
 
-    def end(self, graph) -> None:
+    def end(self, graph, completed: bool) -> None:
         recording = _thread.__dict__.pop("recording", None)
         if recording is None:
             return
-        recording.finish()
+        recording.finish(completed)
         self.graphs += 1
         setattr(graph, _ATTRIBUTE, recording)  # the buffers live as long as the graph
         if recording.fallbacks:
@@ -364,12 +372,14 @@ def install_graph_hooks() -> None:
             capture.graphs.begin()
 
     def capture_end(self, *args, **kwargs):
+        completed = False
         try:
             _originals["capture_end"](self, *args, **kwargs)
+            completed = True
         finally:
             capture = active_capture()
             if capture is not None:
-                capture.graphs.end(self)
+                capture.graphs.end(self, completed)
             else:
                 _thread.__dict__.pop("recording", None)
 

@@ -242,7 +242,7 @@ def group_summary_into(tensors: list[torch.Tensor], table: torch.Tensor, counter
     values = (slot, *(t.data_ptr() for t in tensors), *([first.data_ptr()] * unused),
               *(t.numel() for t in tensors), *([0] * unused), MIX_INCREMENT, MIX_MULTIPLIER_1, MIX_MULTIPLIER_2)
     key = (device.index, table.data_ptr(), counters.data_ptr(), first.dtype, stream,
-           partials[0].data_ptr() if partials is not None else 0)
+           *((partials[0].data_ptr(), partials[1].data_ptr()) if partials is not None else (0, 0)))
     launch = _launches.get(key)
     if launch is None:
         launch = _first_launch(first, table, counters, stream, blocks, values, key, partials)
@@ -317,7 +317,7 @@ def _launch_hooks_installed() -> bool:
 _compiled_group_kernels: dict[tuple, tuple[Any, bool]] = {}  # CompiledKernel, launch hooks installed
 _dtype_witnesses: dict[tuple, torch.Tensor] = {}
 _partial_buffers: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-# (device, table address, counters' address, dtype, stream, given partials' address or 0) -> what
+# (device, table address, counters' address, dtype, stream, given partials' two addresses or 0, 0) -> what
 # _first_launch worked out; keyed by the addresses, so a table, counters or partials allocated later
 # where freed ones were never meet stale ones
 _launches: dict[tuple, tuple] = {}

@@ -168,7 +168,7 @@ class GraphRecording:
             # the fused kernels count their blocks from zero and leave each counter at zero again
             for counters in self._counters:
                 counters.zero_()
-            for device in {counters.device for counters in self._counters}:
+            for device in {counters.device for counters in self._counters if counters.is_cuda}:
                 torch.cuda.current_stream(device).synchronize()   # before a replay on any stream
 
 

@@ -290,6 +290,20 @@ class Doubler(torch.nn.Module):
         return x * 2
 
 
+def test_a_graphs_counters_are_zeroed_once_its_capture_completes(monkeypatch):
+    # the fused kernels count blocks from zero; the zeroing runs after the capture, not in the
+    # graph, and a CPU table's counters (a CPU tensor recorded inside a capture) need no device
+    from tdiff.hooks.cuda_graphs import GraphRecording
+
+    recording = GraphRecording(type("Recorder", (), {"mode": "stats"})())
+    recording._counters.append(torch.full((4, 1), 7, dtype=torch.int32))
+    recording.finish(completed=False)   # a failed capture: nothing to replay, nothing to zero
+    assert int(recording._counters[0].sum()) == 28
+    monkeypatch.setattr(torch.cuda, "current_stream", None)   # no CUDA call for CPU counters
+    recording.finish(completed=True)
+    assert int(recording._counters[0].abs().sum()) == 0
+
+
 def test_warmup_forwards_are_not_recorded_and_are_not_steps(tmp_path):
     model = Doubler()
     with tdiff.capture(tmp_path / "d"):

@@ -78,7 +78,10 @@ def _is_wrapper(tensor: torch.Tensor) -> bool:
 
 def unrecordable(tensor: torch.Tensor) -> str | None:
     """Why capture cannot record ``tensor`` (a part :func:`strided_parts` gave), None when it can."""
-    if tensor.device.type == "meta":
+    if (type(tensor) is torch.Tensor and tensor.layout is torch.strided and not tensor.is_meta
+            and not tensor.is_nested and not torch._C._functorch.is_functorch_wrapped_tensor(tensor)):
+        return None   # the common case, asked of every record: an ordinary tensor (no subclass is fake)
+    if tensor.is_meta:
         return "tensors on the meta device hold no values"
     if torch._C._functorch.is_functorch_wrapped_tensor(tensor):
         return "tensors inside torch.func transforms (vmap, grad) have no storage of their own"

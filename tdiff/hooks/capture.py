@@ -208,8 +208,21 @@ class Capture:
             tracing.paused -= 1
 
     def module_call(self, module, invoke, args, kwargs):
-        output = self._outside_ops(recorded_call, self, module, invoke, args, kwargs)
-        self._settle_if_outermost()
+        # _outside_ops and _settle_if_outermost, inlined: this runs at every module call
+        thread = self.running.thread()
+        stack = thread.stack
+        tracing = stack[-1].tracer if stack else None
+        if tracing is None:
+            output = recorded_call(self, thread, module, invoke, args, kwargs)
+        else:
+            tracing.paused += 1
+            try:
+                output = recorded_call(self, thread, module, invoke, args, kwargs)
+            finally:
+                tracing.paused -= 1
+        if self.part.forked and not stack:
+            self.recorder.summaries.flush()
+            self.part.settle(self.notes)
         return output
 
     def _settle_if_outermost(self) -> None:

@@ -32,9 +32,9 @@ if TYPE_CHECKING:
 _original_call: Callable[..., Any] | None = None
 
 
-def recorded_call(capture: Capture, module, invoke, args: tuple, kwargs: dict):
-    """Run one module call (``invoke``), recording it as its plan says."""
-    thread = capture.running.thread()
+def recorded_call(capture: Capture, thread: ThreadState, module, invoke, args: tuple, kwargs: dict):
+    """Run one module call (``invoke``) of ``thread``, recording it as its plan says. Every module
+    call of the program comes here: a call that records nothing does as little as it can."""
     stack = thread.stack
     capture.stack_room.make_room(len(stack) + 1)
     parent = stack[-1] if stack else None
@@ -56,10 +56,11 @@ def recorded_call(capture: Capture, module, invoke, args: tuple, kwargs: dict):
         args, kwargs = capture.graft.inputs(path, thread.step, call, capture.running.rank(), args, kwargs)
     recording = (plan.wanted and (graph is not None or capture.selection.wants_step(thread.step))
                  and not capture.part.failed)
-    compiled = _compiled(module)
+    compiled = plan.optimized or getattr(module, "_compiled_call_impl", None) is not None
     described = plan.wrapped if compiled and plan.wrapped is not None else module
     layout = declared_layout(described, parent) if recording else None
-    where = Where(path, described, parent, len(stack), plan.annotator, path, plan.other_layer, layout)
+    where = Where(path, described, parent, len(stack), plan.annotator, path, plan.other_layer, layout) \
+        if recording or plan.traced else None
     recorder = capture.recorder
     if recording and graph is None:   # (a parameter's host copy cannot run while a graph is captured)
         capture.modules.describe(described, path, capture.running.rank(), capture.writer.part)
@@ -119,15 +120,6 @@ def _outermost(capture: Capture, thread: ThreadState, module, graph: GraphRecord
             raise TdiffError(f"--batch-row {row} is outside the batch of {thread.batch_size}")
     if graph is not None and graph.rows is None:
         graph.rows = _batch_size(args, kwargs)
-
-
-def _compiled(module) -> bool:
-    """Whether the module runs as torch.compile'd code (``torch.compile(module)`` or
-    ``module.compile()``)."""
-    if getattr(module, "_compiled_call_impl", None) is not None:
-        return True
-    dynamo = sys.modules.get("torch._dynamo.eval_frame")
-    return dynamo is not None and isinstance(module, dynamo.OptimizedModule)
 
 
 _COMPILER_RUNTIME = tuple(f"{os.sep}torch{os.sep}{part}{os.sep}" for part in ("_dynamo", "_functorch", "_inductor"))

@@ -47,7 +47,7 @@ class CallPlan:
     decoder layer and annotator)."""
 
     __slots__ = ("module", "path", "layer", "other_layer", "wanted", "traced", "wrapped", "annotator",
-                 "registrations", "graph_module", "_names")
+                 "registrations", "graph_module", "optimized", "_names")
 
     def __init__(self, module, forget: Callable[[weakref.ref], None], path: str, layer: int | None,
                  other_layer: int | None, wanted: bool, traced: bool, wrapped, annotator: str | None,
@@ -63,6 +63,9 @@ class CallPlan:
         self.annotator = annotator
         self.registrations = registrations()   # annotators registered when it was worked out
         self.graph_module = graph_module   # a torch.fx GraphModule: maybe torch.compile's own graph
+        dynamo = sys.modules.get("torch._dynamo.eval_frame")
+        # torch.compile(module)'s wrapper (module.compile() sets _compiled_call_impl instead, at any time)
+        self.optimized = dynamo is not None and isinstance(module, dynamo.OptimizedModule)
         self._names: dict[str, str] = {}   # sub -> tensor name
 
     def name(self, sub: str) -> str:

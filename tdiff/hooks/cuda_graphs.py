@@ -37,7 +37,7 @@ from tdiff.errors import TdiffError
 from tdiff.hooks.active import active_capture
 from tdiff.hooks.running import ThreadState
 from tdiff.hooks.frameworks import GRAPH_RUNNERS
-from tdiff.hooks.device import _Batch, _DeviceSummary, _kernels, _packed_summary
+from tdiff.hooks.device import SummaryGroup, _Batch, _DeviceSummary, _kernels, _packed_summary
 from tdiff.store.dtypes import from_bytes_view, to_bytes_view
 from tdiff.store.record import Record
 from tdiff.store.writer import Pending
@@ -79,9 +79,8 @@ class GraphRecording:
         self._tables: list[torch.Tensor] = []
         self._counters: list[torch.Tensor] = []   # the fused kernels' completion counter per slot
         self._used = _SLOTS_PER_TABLE
-        self._group: list[torch.Tensor] = []       # queued for one launch, in slots _group_slot onwards
-        self._group_slot = 0
         self._partials: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._group = SummaryGroup(partials_of=self._partials_of)
         self._seen: dict[int, tuple] = {}
 
     def record(self, record, counter: str, tensor: torch.Tensor) -> None:
@@ -106,7 +105,6 @@ class GraphRecording:
     def _summary_slot(self, tensor: torch.Tensor) -> tuple:
         device = tensor.device
         if self._used == _SLOTS_PER_TABLE or self._tables[-1].device != device:
-            self.launch()   # a group's slots lie in one table, on its tensors' device
             self._tables.append(torch.empty(_SLOTS_PER_TABLE, 7, dtype=torch.float64, device=device))
             # zeroed once the capture ends (finish), not by a node of the graph: kernels of another
             # stream forked inside the capture would not be ordered after it
@@ -119,27 +117,18 @@ class GraphRecording:
         if (kernels is None or not kernels.group_kernel_compiled(tensor.device, tensor.dtype)
                 or not kernels.fused_summary_supported(tensor) or numel > kernels.GROUP * kernels.GROUPED_MAX_ELEMENTS):
             # torch ops: no kernel is compiled or loaded in the middle of a capture
-            self.launch()
+            self._group.launch()
             table[row].copy_(_packed_summary(tensor))
         elif numel > kernels.GROUPED_MAX_ELEMENTS:
-            self.launch()
+            self._group.launch()
             kernels.group_summary_into([tensor], table, self._counters[-1], row, self._partials_of(tensor))
         else:
-            group = self._group
-            if group and (group[0].dtype != tensor.dtype or len(group) == kernels.GROUP):
-                self.launch()
-            if not self._group:
-                self._group_slot = row
-            self._group.append(tensor)
+            self._group.add(tensor, table, self._counters[-1], row)
         return table, row
 
     def launch(self) -> None:
-        """Launch the summaries queued so far (where eager forwards launch theirs: once a module
-        call's inputs, or its outputs, are all recorded, before a later kernel can change them)."""
-        if self._group:
-            _kernels().group_summary_into(self._group, self._tables[-1], self._counters[-1], self._group_slot,
-                                          self._partials_of(self._group[0]))
-            self._group = []
+        """Launch the summaries queued so far (where eager forwards launch theirs)."""
+        self._group.launch()
 
     def _partials_of(self, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The graph's own partials for the fused kernels on the capturing stream: a replay may run

@@ -30,10 +30,10 @@ class Summary:
     """Statistics and fingerprint of one tensor; ``resolve`` may wait for the device."""
 
     def __init__(self, stats: list[float] | torch.Tensor, fingerprint: str):
-        self._stats, self._fingerprint = stats, fingerprint
+        self._stats, self.fingerprint = stats, fingerprint   # a host summary's, known at once
 
     def resolve(self, record) -> tuple[dict, str]:
-        return stats_dict(self._stats), self._fingerprint
+        return stats_dict(self._stats), self.fingerprint
 
 
 class _DeviceSummary(Summary):
@@ -73,6 +73,40 @@ class _Batch:
         return self._values
 
 
+class SummaryGroup:
+    """Small GPU tensors of one dtype queued for one launch of the fused group kernel, which writes
+    their summaries into consecutive slots of one table. Stats mode queues alike in eager forwards
+    (:class:`Summarizer`) and inside a CUDA graph's capture (tdiff.hooks.cuda_graphs): the group is
+    launched when it is full, when a tensor of another dtype or for another table comes, before a
+    summary that takes a launch of its own (the slots stay consecutive), and by the capture once a
+    module call's inputs, or its outputs, are all queued (before a later kernel can change them).
+
+    ``partials_of``: the kernel's partials for a group, given its first tensor, at its launch
+    (None: the kernels' own, per stream)."""
+
+    def __init__(self, partials_of=None):
+        self._partials_of = partials_of
+        self._tensors: list[torch.Tensor] = []
+        self._table = self._counters = None
+        self._first = 0   # the first tensor's slot
+
+    def add(self, tensor: torch.Tensor, table: torch.Tensor, counters: torch.Tensor, slot: int) -> None:
+        tensors = self._tensors
+        if tensors and (tensors[0].dtype != tensor.dtype or len(tensors) == _kernels().GROUP
+                        or table is not self._table):
+            self.launch()
+        if not self._tensors:
+            self._table, self._counters, self._first = table, counters, slot
+        self._tensors.append(tensor)
+
+    def launch(self) -> None:
+        tensors = self._tensors
+        if tensors:
+            partials = self._partials_of(tensors[0]) if self._partials_of is not None else None
+            _kernels().group_summary_into(tensors, self._table, self._counters, self._first, partials)
+            self._tensors = []
+
+
 class Summarizer:
     """Stats mode: summaries of CPU tensors at once, of GPU tensors through the device table.
 
@@ -89,8 +123,7 @@ class Summarizer:
         self._batch: _Batch | None = None
         self._start = self._used = 0
         self._device: torch.device | None = None
-        self._group: list[torch.Tensor] = []  # queued for one launch, in slots _group_slot onwards
-        self._group_slot = 0
+        self._group = SummaryGroup()
 
     def summarize(self, tensor: torch.Tensor) -> Summary:
         device = tensor.device  # read once: each read builds a torch.device (this runs per record)
@@ -109,18 +142,12 @@ class Summarizer:
         kernels = _kernels()
         if kernels is not None and kernels.fused_summary_supported(tensor):
             if tensor.numel() <= kernels.GROUPED_MAX_ELEMENTS:
-                group = self._group
-                if group and (group[0].dtype != tensor.dtype or len(group) == kernels.GROUP):
-                    self.launch()
-                    group = self._group
-                if not group:
-                    self._group_slot = slot
-                group.append(tensor)
+                self._group.add(tensor, table, self._counters[device], slot)
             else:
-                self.launch()  # a group's slots are consecutive
+                self._group.launch()  # a group's slots are consecutive
                 kernels.fused_summary_into(tensor, table[slot], self._counters[device][slot])
         else:
-            self.launch()
+            self._group.launch()
             table[slot].copy_(_packed_summary(tensor))
         summary = _DeviceSummary(self._batch, slot - self._start)
         self._used = used = slot + 1
@@ -143,12 +170,7 @@ class Summarizer:
 
     def launch(self) -> None:
         """Launch the summaries queued so far."""
-        if self._group:
-            from tdiff.store.device_summary import group_summary_into
-
-            group_summary_into(self._group, self._tables[self._device], self._counters[self._device],
-                               self._group_slot)
-            self._group = []
+        self._group.launch()
 
     def flush(self) -> None:
         """Send the summaries computed so far to the host (at the end of each step, say)."""

@@ -154,7 +154,7 @@ class Recorder:
         pending = Pending(record=record, summary=summary)
         self._capture.writer.submit(pending)
         if on_host:  # a host summary is complete at once: no wait
-            self._remember(original, pending, summary.resolve(record)[1])
+            self._remember(original, pending, summary.fingerprint)
 
     def _alias_of(self, original: torch.Tensor, tensor: torch.Tensor) -> _Seen | None:
         """An earlier record of this very tensor object whose stored bytes are still its bytes

@@ -290,11 +290,11 @@ def group_kernel_compiled(device: torch.device, dtype: torch.dtype) -> bool:
 
 def compile_group_kernels(device: torch.device) -> None:
     """Compile and load the group kernel for every dtype it reads, on the current stream of ``device``
-    (before a CUDA graph's capture: a kernel compiled or loaded inside one would break it)."""
+    (with its index; before a CUDA graph's capture: a kernel compiled or loaded inside one would break it)."""
     for dtype in FUSED_DTYPES:
-        witness = torch.zeros(8 // dtype.itemsize, dtype=dtype, device=device)  # one 8-byte word
-        if group_kernel_compiled(witness.device, dtype):
+        if group_kernel_compiled(device, dtype):
             continue
+        witness = torch.zeros(8 // dtype.itemsize, dtype=dtype, device=device)  # one 8-byte word
         table = torch.empty(1, 7, dtype=torch.float64, device=device)
         group_summary_into([witness], table, torch.zeros(1, 1, dtype=torch.int32, device=device), 0)
 

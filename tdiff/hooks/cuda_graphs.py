@@ -8,7 +8,9 @@ stats mode, its statistics and fingerprint are computed into a static slot inste
 kernels of stats mode, launched in groups as in eager forwards, compiled before the capture). After each
 replay the buffers are copied to the host on the replay's stream, ahead of anything the next
 replay writes, and become the records of one step: the names, calls and bytes the eager forward
-gives.
+gives. A graph of statistics only (stats mode) hands the writer its whole statistics table per
+replay, journaled as one line that readers expand into the records (tdiff.store.graph_replays):
+no Python runs per record at a replay.
 
     g = torch.cuda.CUDAGraph()
     with tdiff.warmup():             # warm-up forwards: not recorded, not steps
@@ -39,6 +41,7 @@ from tdiff.hooks.running import ThreadState
 from tdiff.hooks.frameworks import GRAPH_RUNNERS
 from tdiff.hooks.device import SummaryGroup, _Batch, _DeviceSummary, _kernels, _packed_summary
 from tdiff.store.dtypes import from_bytes_view, to_bytes_view
+from tdiff.store.graph_replays import GraphReplay, GraphTemplate
 from tdiff.store.record import Record
 from tdiff.store.writer import Pending
 
@@ -82,6 +85,7 @@ class GraphRecording:
         self._partials: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self._group = SummaryGroup(partials_of=self._partials_of)
         self._seen: dict[int, tuple] = {}
+        self.template: GraphTemplate | None = None   # a graph of summaries only: its replays' one line each
 
     def record(self, record, counter: str, tensor: torch.Tensor) -> None:
         """Called by the capture hook for each tensor while the graph is captured."""
@@ -153,12 +157,38 @@ class GraphRecording:
     def finish(self, completed: bool) -> None:
         """The capture ended (``completed``: the graph can be replayed)."""
         self._seen.clear()
+        if completed and self.entries and all(entry.static is None for entry in self.entries):
+            self.template = self._template()
         if completed and self._counters:
             # the fused kernels count their blocks from zero and leave each counter at zero again
             for counters in self._counters:
                 counters.zero_()
             for device in {counters.device for counters in self._counters if counters.is_cuda}:
                 torch.cuda.current_stream(device).synchronize()   # before a replay on any stream
+
+    def _template(self) -> GraphTemplate:
+        tables = {id(table): index * _SLOTS_PER_TABLE for index, table in enumerate(self._tables)}
+        counters: dict[str, int] = {}
+        records: list[Record] = []
+        entries: list[tuple[int, int | None, int | None]] = []
+        for index, entry in enumerate(self.entries):
+            record = entry.record.copy()
+            record.seq, record.step = index, 0
+            records.append(record)
+            counter = counters.setdefault(entry.counter, len(counters))
+            if entry.slot is None:
+                entries.append((counter, None, entry.alias))
+            else:
+                table, row = entry.slot
+                entries.append((counter, tables[id(table)] + row, None))
+        return GraphTemplate(records, list(counters), entries)
+
+    def table_copy(self) -> torch.Tensor:
+        """The statistics tables copied, on the current stream, into one pinned host tensor."""
+        host = torch.empty(len(self._tables) * _SLOTS_PER_TABLE, 7, dtype=torch.float64, pin_memory=True)
+        for index, table in enumerate(self._tables):
+            host[index * _SLOTS_PER_TABLE:(index + 1) * _SLOTS_PER_TABLE].copy_(table, non_blocking=True)
+        return host
 
 
 class GraphRecorder:
@@ -259,6 +289,18 @@ def _replay_step(capture, recording: GraphRecording) -> tuple[ThreadState, dict[
 def _emit(capture, recording: GraphRecording, thread: ThreadState, bases: dict, rows: int | None) -> None:
     """Copy the static buffers to pinned host memory on the current (replay) stream, so the next
     replay, queued after on that stream, cannot overwrite them before the copies are done."""
+    if rows is not None and any(e.slot is not None and _is_batch(e.record.shape, recording.rows)
+                                for e in recording.entries):
+        capture.note("statistics recorded inside a CUDA graph cover all the rows the graph was "
+                     "captured for, not only the rows tdiff.graph_rows() gave")
+    template = recording.template
+    if template is not None:   # one item for the whole replay: no Python per record
+        table = recording.table_copy()
+        ready = torch.cuda.Event()
+        ready.record()
+        capture.writer.submit(GraphReplay(template, capture.running.next_seqs(len(template.records)), thread.step,
+                                          thread.label, [bases[c] for c in template.counters], table, ready))
+        return
     stats_batches = {}
     for table in recording._tables:
         batch = stats_batches[id(table)] = _Batch()
@@ -292,10 +334,6 @@ def _emit(capture, recording: GraphRecording, thread: ThreadState, bases: dict, 
         if item.data is not None:
             item.ready = ready
         capture.writer.submit(item)
-    if rows is not None and any(e.slot is not None and _is_batch(e.record.shape, recording.rows)
-                                for e in recording.entries):
-        capture.note("statistics recorded inside a CUDA graph cover all the rows the graph was "
-                     "captured for, not only the rows tdiff.graph_rows() gave")
 
 
 def _is_batch(shape: tuple, rows: int | None) -> bool:

@@ -99,6 +99,7 @@ class RunningState:
         self._named: dict[str, int] = {}   # thread name -> threads of that name seen
         self._threads: list[ThreadState] = []
         self._seq = itertools.count()
+        self._seq_lock = threading.Lock()
         self._rank: int | None = None
         self._rank_known = False   # torch.distributed gave it: it cannot change any more
 
@@ -118,8 +119,16 @@ class RunningState:
         return any(state.stack for state in self._threads)
 
     def next_seq(self) -> int:
-        """The next record's place in the process's execution order (itertools.count is atomic)."""
-        return next(self._seq)
+        """The next record's place in the process's execution order."""
+        with self._seq_lock:
+            return next(self._seq)
+
+    def next_seqs(self, count: int) -> int:
+        """The first of ``count`` consecutive places (the records of a CUDA graph's replay)."""
+        with self._seq_lock:
+            first = next(self._seq)
+            self._seq = itertools.count(first + count)
+        return first
 
     def rank(self) -> int:
         """torch.distributed's rank once it is initialised (then fixed), before that $RANK.

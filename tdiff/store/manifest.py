@@ -30,13 +30,15 @@ from pathlib import Path
 import orjson
 
 from tdiff.store.files import bounded_lines, write_all
+from tdiff.store.graph_replays import GraphLines
 from tdiff.store.record import Record
 from tdiff.store.tokens import TokenBatch
 from tdiff.errors import DumpError
 
 FORMAT = "tdiff-dump"
-FORMAT_VERSION = 4   # 2: "tokens" lines (token metadata per forward); 3: records of role "op" (capture --ops);
-                     # 4: "settled" lines (a forked child's part); older dumps still read
+FORMAT_VERSION = 5   # 2: "tokens" lines (token metadata per forward); 3: records of role "op" (capture --ops);
+                     # 4: "settled" lines (a forked child's part); 5: "graph" and "replay" lines (a CUDA
+                     # graph's replays in stats mode); older dumps still read
 DUMP_FILE = "tdiff-dump.json"
 STORAGES = ("safetensors", "h5")   # tensor shard formats (tdiff.store.storage)
 MANIFEST_DIR = "manifests"
@@ -127,8 +129,10 @@ class ManifestJournal:
         with self._lock:
             write_all(self._fd, data)
 
-    def append(self, records: list[Record], tokens: Sequence[TokenBatch] = ()) -> None:
+    def append(self, records: list[Record], tokens: Sequence[TokenBatch] = (), graph_lines: Sequence[dict] = ()) -> None:
+        """``graph_lines``: graph and replay lines (tdiff.store.graph_replays), in the order written."""
         lines = [{"type": "tokens", **t.to_json()} for t in tokens]
+        lines += graph_lines
         lines += [{"type": "record", **r.to_json()} for r in records]
         if lines:
             self._write(*lines)
@@ -189,6 +193,7 @@ def read_part(path: Path) -> Part:
     part = Part(name=path.stem, header={})
     end = None
     settled = None   # the last line, when it is a "settled" line
+    graphs = GraphLines(where)
     number = 0
     for number, raw in bounded_lines(path, "manifest"):
         truncated = not raw.endswith(b"\n")  # only the last line can lack its newline
@@ -218,6 +223,10 @@ def read_part(path: Path) -> Part:
             part.records.append(Record.from_json(entry, f"{where} line {number}"))
         elif kind == "tokens":
             part.tokens.append(TokenBatch.from_json(entry, f"{where} line {number}"))
+        elif kind == "graph":
+            graphs.graph(entry, number)
+        elif kind == "replay":
+            part.records += graphs.replay(entry, number)
         elif kind == "end":
             end = entry
         elif kind in ("settled", "resumed"):

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from tdiff.store.graph_replays import GraphReplay, GraphTemplate
 from tdiff.store.fingerprint import ONE_THREAD_CHUNK, fingerprint_algorithm, host_summary, stats_dict, xxh3_fingerprint
 from tdiff.store.manifest import DATA_DIR, ManifestJournal
 from tdiff.store.record import Record
@@ -101,7 +102,7 @@ class DumpWriter:
         self.waits = 0
         self._journal = ManifestJournal(self.root, part, header)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._handful: list[Pending] = []   # submitted, not yet handed to the writer thread
+        self._handful: list[Pending | GraphReplay] = []   # submitted, not yet handed to the writer thread
         self._handful_bytes = 0
         # several threads may submit; re-entrant: a signal handler (SIGTERM's) may close the writer
         # while its thread is inside submit
@@ -114,6 +115,9 @@ class DumpWriter:
         self._shard: dict[str, torch.Tensor] = {}
         self._shard_bytes = 0
         self._records: list[Record] = []
+        self._graph_lines: list[dict] = []   # graph and replay lines since the last shard
+        self._graph_records = 0              # the records those replay lines hold
+        self._graphs: dict[int, tuple[GraphTemplate, int]] = {}   # id(template) -> it, its number in the part
         self._tokens: list[TokenBatch] = []
         self._shard_writers = _ShardWriters(shard_writers or DEFAULT_SHARD_WRITERS, name=f"tdiff-shards-{part}")
         self._last_shard: Future | None = None  # journals its records after every shard before it
@@ -130,7 +134,7 @@ class DumpWriter:
     def failed(self) -> bool:
         return self.error is not None
 
-    def submit(self, item: Pending) -> None:
+    def submit(self, item: Pending | GraphReplay) -> None:
         if self.failed:
             return
         if item.nbytes:  # a record without bytes (stats mode, an alias) holds no memory to account
@@ -161,7 +165,7 @@ class DumpWriter:
             if waiting:
                 self._queue.put(_FLUSH)
 
-    def _take_handful(self) -> list[Pending]:
+    def _take_handful(self) -> list[Pending | GraphReplay]:
         """The handful, replaced by an empty one before it is queued: a signal handler that closes
         the writer between the two (on this thread: the lock is re-entrant) must not queue it again."""
         handful, self._handful, self._handful_bytes = self._handful, [], 0
@@ -350,7 +354,10 @@ class DumpWriter:
         except Exception as exc:  # noqa: BLE001 - any write failure ends this part, not the model
             self._fail(f"writing {self.root} failed: {_reason(exc)}")
 
-    def _store(self, item: Pending) -> None:
+    def _store(self, item: Pending | GraphReplay) -> None:
+        if isinstance(item, GraphReplay):
+            self._store_replay(item)
+            return
         record = item.record
         data = item.data
         if item.ready is not None:
@@ -376,7 +383,17 @@ class DumpWriter:
             record.set_contents(*item.summary.resolve(record))
         item.data = None  # the shard holds the data until it is written
         self._records.append(record)
-        if self._shard_bytes >= self.shard_limit or len(self._records) >= _RECORDS_PER_FLUSH:
+        if self._shard_bytes >= self.shard_limit or len(self._records) + self._graph_records >= _RECORDS_PER_FLUSH:
+            self._flush_shard()
+
+    def _store_replay(self, item: GraphReplay) -> None:
+        known = self._graphs.get(id(item.template))
+        if known is None:   # the template is kept: its id stays its own
+            known = self._graphs[id(item.template)] = (item.template, len(self._graphs))
+            self._graph_lines.append(item.template.line(known[1]))
+        self._graph_lines.append(item.line(known[1]))
+        self._graph_records += item.records
+        if len(self._records) + self._graph_records >= _RECORDS_PER_FLUSH:
             self._flush_shard()
 
     def _new_shard_name(self) -> str:
@@ -390,9 +407,10 @@ class DumpWriter:
         if self._lock_stream():
             streams = self._take_streams()
             self._stream_lock.release()
-        job = (self._shard_file, self._shard, streams, self._records, self._tokens, self._shard_bytes,
-               self._last_shard)
+        job = (self._shard_file, self._shard, streams, self._records, self._tokens, self._graph_lines,
+               self._graph_records, self._shard_bytes, self._last_shard)
         self._shard_file, self._shard, self._records, self._tokens, self._shard_bytes = None, {}, [], [], 0
+        self._graph_lines, self._graph_records = [], 0
         self._last_shard = self._shard_writers.submit(self._write_shard, *job)
 
     def _lock_stream(self) -> bool:
@@ -405,7 +423,8 @@ class DumpWriter:
         return True
 
     def _write_shard(self, name: str | None, shard: dict, streams: list[ShardStream], records: list[Record],
-                     tokens: list[TokenBatch], nbytes: int, previous: Future | None) -> None:
+                     tokens: list[TokenBatch], graph_lines: list[dict], graph_records: int, nbytes: int,
+                     previous: Future | None) -> None:
         try:
             self._seal_streams(streams)
             if name is not None and not self.failed:
@@ -414,8 +433,8 @@ class DumpWriter:
             if previous is not None:
                 previous.result()  # the manifest lists records in the order they were recorded
             if not self.failed:
-                self._journal.append(records, tokens)
-                self.records_written += len(records)
+                self._journal.append(records, tokens, graph_lines)
+                self.records_written += len(records) + graph_records
         except Exception as exc:  # noqa: BLE001 - any write failure ends this part, not the model
             self._fail(f"writing {self.root} failed: {_reason(exc)}")
         finally:
@@ -425,10 +444,11 @@ class DumpWriter:
         if self._last_shard is not None:
             self._last_shard.result()
 
-    def _drop(self, item: Pending) -> None:
+    def _drop(self, item: Pending | GraphReplay) -> None:
         """Forget an item that will not be written: its copy may outlive it otherwise (capture keeps
         the item of a tensor that may be recorded again, as long as the tensor lives)."""
-        item.data = None
+        if isinstance(item, Pending):
+            item.data = None
         self._release(item.nbytes)
 
     def _release(self, nbytes: int) -> None:

@@ -217,6 +217,10 @@ def test_stats_mode_inside_a_graph_matches_eager(tmp_path):
     assert identity(b) == identity(a)
     assert compare_dumps(a, b).status == "match"
     assert compare_dumps(eager(model, inputs, tmp_path / "full"), b).status == "match"
+    # each replay journaled as one line (format version 5), the graph's records once
+    kinds = [json.loads(line)["type"] for path in (tmp_path / "b" / "manifests").iterdir()
+             for line in path.read_text().splitlines()]
+    assert kinds.count("graph") == 1 and kinds.count("replay") == len(inputs) and "record" not in kinds
 
 
 @cuda

@@ -159,7 +159,10 @@ class DumpWriter:
             # another thread waiting at the cap: what this one holds must reach the disk too, or
             # its bytes, counted as pending, could keep that thread waiting until the step ends
             waiting = self._waiting
-            if not waiting and len(self._handful) < _HANDFUL_ITEMS and self._handful_bytes < _HANDFUL_BYTES:
+            # a graph replay holds a step's records and a pinned table: held back, each replay
+            # would take a new pinned block from the driver, the cached ones all still held
+            if (not waiting and len(self._handful) < _HANDFUL_ITEMS and self._handful_bytes < _HANDFUL_BYTES
+                    and not isinstance(item, GraphReplay)):
                 return
             self._queue.put(self._take_handful())
             if waiting:
@@ -342,11 +345,15 @@ class DumpWriter:
             elif isinstance(item, TokenBatch):
                 self._tokens.append(item)
             else:
-                for pending in item:
-                    if self.failed:
-                        self._drop(pending)
-                    else:
-                        self._guarded(self._store, pending)
+                self._store_handful(item)
+            del item   # what it holds (a graph replay's pinned table) goes now, not at the next item
+
+    def _store_handful(self, handful: list[Pending | GraphReplay]) -> None:
+        for pending in handful:
+            if self.failed:
+                self._drop(pending)
+            else:
+                self._guarded(self._store, pending)
 
     def _guarded(self, fn, *args) -> None:
         try:

@@ -5,6 +5,8 @@ the records the per-record path writes. The lines are written from host tables h
 import json
 import math
 import threading
+import time
+import weakref
 
 import pytest
 import torch
@@ -217,3 +219,19 @@ def test_consecutive_places_taken_for_a_replay_are_nobody_elses():
         thread.join()
     every = sorted(seq for mine in taken for seq in mine)
     assert every == list(range(len(every)))
+
+
+def test_a_replay_is_handed_to_the_writer_at_once_and_its_table_let_go(tmp_path):
+    """Held back with later items, every replay's pinned table would stay held, and each replay
+    take a new pinned block from the driver."""
+    writer = _writer(tmp_path / "d")
+    replay = _replay(_template(["a"], aliases={}), seq=0, step=0, thread="MainThread", calls=[0], seed=1)
+    table = weakref.ref(replay.table)
+    writer.submit(replay)
+    del replay
+    deadline = time.monotonic() + 10
+    while table() is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert table() is None
+    writer.close()
+    assert len(open_dump(tmp_path / "d").records) == 1

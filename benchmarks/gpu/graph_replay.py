@@ -50,12 +50,8 @@ def timed(step, steps: int) -> float:
     return (time.perf_counter() - start) / steps * 1e3
 
 
-def measure(model, x, mode: str | None, steps: int, out: Path) -> tuple[float, float, float, int]:
-    capture = tdiff.capture(fresh_dir(out), mode=mode) if mode else None
-    if capture:
-        capture.start()
-    eager_ms = timed(lambda: model(x), steps)
-    static_x = x.clone()
+def captured_graph(model, static_x: torch.Tensor) -> torch.cuda.CUDAGraph:
+    """A warm-up forward on a side stream (not recorded), then one forward captured into a graph."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side), tdiff.warmup():
@@ -64,6 +60,15 @@ def measure(model, x, mode: str | None, steps: int, out: Path) -> tuple[float, f
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         model(static_x)
+    return graph
+
+
+def measure(model, x, mode: str | None, steps: int, out: Path) -> tuple[float, float, float, int]:
+    capture = tdiff.capture(fresh_dir(out), mode=mode) if mode else None
+    if capture:
+        capture.start()
+    eager_ms = timed(lambda: model(x), steps)
+    graph = captured_graph(model, x.clone())
     replay_ms = timed(graph.replay, steps)
     records = len(graph._tdiff_recording.entries) if capture else 0
     start = time.perf_counter()

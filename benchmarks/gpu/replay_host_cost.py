@@ -23,21 +23,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_comm
 sys.path.insert(0, str(Path(__file__).resolve().parent))      # graph_replay's model
 
 from _common import fresh_dir
-from graph_replay import HIDDEN, LAYERS, Block
+from graph_replay import HIDDEN, LAYERS, Block, captured_graph
 
 import tdiff
 
 
 def measure(model, x, mode: str | None, replays: int, out: Path) -> tuple[float, float, float]:
     capture = tdiff.capture(fresh_dir(out), mode=mode).start() if mode else None
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side), tdiff.warmup():
-        model(x)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        model(x)
+    graph = captured_graph(model, x)
     for _ in range(5):
         graph.replay()
     torch.cuda.synchronize()

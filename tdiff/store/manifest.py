@@ -3,7 +3,8 @@
 Layout of a dump directory (docs/FORMAT.md has the full description):
 
     tdiff-dump.json              the dump: format version, side, mode, the command and its exit code
-    manifests/<part>.jsonl       one per process: a header line, record lines, an end line
+    manifests/<part>.jsonl       one per process: a header line, record lines (a CUDA graph's replays in
+                                 stats mode: graph and replay lines), an end line
     data/<part>.sNNNNN.<ext>     tensor shards of that process (safetensors or h5)
 
 A part's records are appended only after the shard holding their bytes has been renamed into

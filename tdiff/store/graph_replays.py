@@ -19,13 +19,13 @@ of a replay has seq ``seq + i``, call ``calls[counter] + `` its captured call.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TypeGuard
-
-import torch
+from typing import TYPE_CHECKING, TypeGuard
 
 from tdiff.errors import DumpError
-from tdiff.store.fingerprint import digest_format, stats_dict
 from tdiff.store.record import Record
+
+if TYPE_CHECKING:   # the manifest reader imports this module: a command's --help must not import torch
+    import torch
 
 DIGEST = "mix64"   # the fused summary kernel's digest (tdiff.store.device_summary)
 
@@ -67,6 +67,8 @@ class GraphReplay:
         return len(self.template.records)
 
     def line(self, number: int) -> dict:
+        import torch   # only a capture writes lines
+
         if self.ready is not None:
             self.ready.synchronize()
         table = self.table[:self.template.rows]
@@ -102,6 +104,8 @@ class GraphLines:
         self._graphs[graph] = GraphTemplate(parsed, counters, checked)
 
     def replay(self, entry: dict, number: int) -> list[Record]:
+        from tdiff.store.fingerprint import digest_format, stats_dict   # (imports torch)
+
         where = f"{self._where} line {number}"
         graph, seq, step, thread, calls, stats, digests = (
             entry.get(k) for k in ("graph", "seq", "step", "thread", "calls", "stats", "digests"))

@@ -7,19 +7,23 @@ and the fingerprint in one pass) and the torch-ops fallback, against a plain rea
 Times are CUDA-event medians of 20 launches after a warm-up; GB/s counts the tensor's bytes.
 Then the host's cost per summary of a small tensor (128 x 896, a 1 x 128 forward's hidden state),
 where capture's stats mode spends it: one launch per tensor against one launch per group of 8.
+Last, the GPU time a small tensor's summary adds to a CUDA graph (decode-step hidden states of 1,
+32 and 256 tokens), beside a node that does nothing and a ``torch.sum`` node: a graph's replay
+waits for each summary in turn, so latency, not bandwidth, is what they cost there.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import time
 from functools import partial
 
 import torch
+import triton
+import triton.language as tl
 
-import time
-
-from tdiff.store.device_summary import GROUP, fused_summary, fused_summary_into, group_summary_into
+from tdiff.store.device_summary import GROUP, fused_summary, fused_summary_into, group_summary_into, new_partials
 
 try:  # the torch-ops fingerprint of this version of tdiff (mix64; wsum64 before it)
     from tdiff.store.fingerprint import mix64_fingerprint_tensor as torch_fingerprint
@@ -66,6 +70,46 @@ def host_cost_per_tensor(dtype, repeats: int = 500) -> tuple[float, float]:
     return costs[0], costs[1]
 
 
+@triton.jit
+def _nothing(flag):
+    tl.store(flag, 1)
+
+
+def graph_microseconds_per_node(launch_all, nodes: int, replays: int = 50) -> float:
+    """GPU time per node of a graph captured from ``launch_all`` (``nodes`` launches), as the
+    median replay's CUDA-event time over the nodes."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compiles and warms up off the capture
+        launch_all()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch_all()
+    return cuda_median(graph.replay, replays) * 1e6 / nodes
+
+
+def small_summaries_in_a_graph(dtype, hidden: int = 896, nodes: int = 120) -> None:
+    print(f"GPU time per node of a CUDA graph of {nodes} (us), one small tensor each:")
+    print(f"  {'tokens':>6} {'elements':>9} {'no-op node':>11} {'torch.sum':>10} {'tdiff summary':>14}")
+    flag = torch.zeros(1, dtype=torch.int32, device="cuda")
+    for tokens in (1, 32, 256):
+        tensors = [torch.randn(tokens * hidden, device="cuda").to(dtype) for _ in range(nodes)]
+        table = torch.empty(nodes, 7, dtype=torch.float64, device="cuda")
+        counters = torch.zeros(nodes, 1, dtype=torch.int32, device="cuda")
+        partials = new_partials(torch.device("cuda", torch.cuda.current_device()), dtype)
+
+        def summaries(tensors=tensors, table=table, counters=counters, partials=partials):
+            for i, t in enumerate(tensors):
+                group_summary_into([t], table, counters, i, partials)
+
+        cells = [graph_microseconds_per_node(fn, nodes) for fn in (
+            lambda: [_nothing[(1,)](flag) for _ in range(nodes)],
+            lambda tensors=tensors: [t.sum() for t in tensors],
+            summaries)]
+        print(f"  {tokens:>6} {tokens * hidden:>9,} {cells[0]:>11.2f} {cells[1]:>10.2f} {cells[2]:>14.2f}")
+
+
 def elements(text: str) -> int:
     return int(text[:-1]) << {"K": 10, "M": 20, "G": 30}[text[-1]] if text[-1] in "KMG" else int(text)
 
@@ -89,6 +133,7 @@ def main(argv=None) -> None:
     single, grouped = host_cost_per_tensor(dtype)
     print(f"host cost per summary of a 128 x 896 tensor: {single * 1e6:.1f} us in its own launch, "
           f"{grouped * 1e6:.1f} us in launches of {GROUP}")
+    small_summaries_in_a_graph(dtype)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ each block writes its partials, and the last block to finish folds them in block
 (deterministic) into ``[min, max, mean, abs_mean, nan, inf, digest]`` — the same values and the
 same mix64 digest as :func:`tdiff.store.fingerprint.tensor_stats` and
 :func:`tdiff.store.fingerprint.mix64_fingerprint_tensor` (integer sums modulo 2**64 do not depend
-on their order).
+on their order). A tensor of one block (most of a decode step's) is written by its block
+directly: a CUDA graph's replay waits for each summary in turn, and the partials' round trip, the
+counter's atomic and the fold were most of a small summary's latency.
 
 Floating and 32- and 64-bit integer tensors (position ids) whose bytes fill whole 8-byte words take
 this path; others fall back to torch.
@@ -54,14 +56,14 @@ def _splitmix64_finalize(z, multiplier_1, multiplier_2):
 
 
 @triton.jit
-def _block_partials(values, words, local, numel, nwords, partial_f, partial_i, pid,
-                    increment, multiplier_1, multiplier_2, BLOCK: tl.constexpr, WORDS: tl.constexpr):
-    """Block ``local`` of one tensor: its min, max, sums, NaN and inf counts and mix64 partial sum,
-    into row ``pid`` of the partials."""
+def _block_summary(values, words, local, numel, nwords, accumulator: tl.constexpr,
+                   increment, multiplier_1, multiplier_2, BLOCK: tl.constexpr, WORDS: tl.constexpr):
+    """Block ``local`` of one tensor: its min, max, sum, sum of magnitudes (in ``accumulator``),
+    NaN and inf counts and mix64 partial sum."""
     index = local.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # int64: logits exceed 2**31 elements
     inside = index < numel
     # float32 for 16- and 32-bit floats, float64 for float64 and integers (as tensor_stats)
-    x = tl.load(values + index, mask=inside, other=0).to(partial_f.dtype.element_ty)
+    x = tl.load(values + index, mask=inside, other=0).to(accumulator)
     is_nan = x != x  # noqa: PLR0124 - NaN is the one value unequal to itself (Triton's test for it)
     is_inf = (x == float("inf")) | (x == float("-inf"))
     numeric = inside & ~is_nan
@@ -72,13 +74,39 @@ def _block_partials(values, words, local, numel, nwords, partial_f, partial_i, p
     word = tl.load(words + word_index, mask=word_inside, other=0)
     key = _splitmix64_finalize((word_index + 1) * increment, multiplier_1, multiplier_2)
     mixed = _splitmix64_finalize(word ^ key, multiplier_1, multiplier_2)
-    tl.store(partial_f + pid * 4 + 0, tl.min(tl.where(numeric, x, float("inf")), axis=0))
-    tl.store(partial_f + pid * 4 + 1, tl.max(tl.where(numeric, x, float("-inf")), axis=0))
-    tl.store(partial_f + pid * 4 + 2, tl.sum(kept, axis=0))
-    tl.store(partial_f + pid * 4 + 3, tl.sum(tl.abs(kept), axis=0))
-    tl.store(partial_i + pid * 3 + 0, tl.sum((inside & is_nan).to(tl.int64), axis=0))
-    tl.store(partial_i + pid * 3 + 1, tl.sum((inside & is_inf).to(tl.int64), axis=0))
-    tl.store(partial_i + pid * 3 + 2, tl.sum(tl.where(word_inside, mixed, 0), axis=0))
+    return (tl.min(tl.where(numeric, x, float("inf")), axis=0), tl.max(tl.where(numeric, x, float("-inf")), axis=0),
+            tl.sum(kept, axis=0), tl.sum(tl.abs(kept), axis=0),
+            tl.sum((inside & is_nan).to(tl.int64), axis=0), tl.sum((inside & is_inf).to(tl.int64), axis=0),
+            tl.sum(tl.where(word_inside, mixed, 0), axis=0))
+
+
+@triton.jit
+def _block_partials(values, words, local, numel, nwords, partial_f, partial_i, pid,
+                    increment, multiplier_1, multiplier_2, BLOCK: tl.constexpr, WORDS: tl.constexpr):
+    """:func:`_block_summary` into row ``pid`` of the partials."""
+    lo, hi, total, abs_total, nans, infs, digest = _block_summary(
+        values, words, local, numel, nwords, partial_f.dtype.element_ty, increment, multiplier_1, multiplier_2,
+        BLOCK, WORDS)
+    tl.store(partial_f + pid * 4 + 0, lo)
+    tl.store(partial_f + pid * 4 + 1, hi)
+    tl.store(partial_f + pid * 4 + 2, total)
+    tl.store(partial_f + pid * 4 + 3, abs_total)
+    tl.store(partial_i + pid * 3 + 0, nans)
+    tl.store(partial_i + pid * 3 + 1, infs)
+    tl.store(partial_i + pid * 3 + 2, digest)
+
+
+@triton.jit
+def _store_summary(out_f, out_i, numel, lo, hi, total, abs_total, n_nan, n_inf, digest):
+    """A tensor's summary from its totals: out_f[0:6] and the digest into out_i[6] (the same row)."""
+    n_finite = tl.maximum(numel - n_nan - n_inf, 1).to(tl.float64)
+    tl.store(out_f + 0, lo.to(tl.float64))
+    tl.store(out_f + 1, hi.to(tl.float64))
+    tl.store(out_f + 2, total.to(tl.float64) / n_finite)
+    tl.store(out_f + 3, abs_total.to(tl.float64) / n_finite)
+    tl.store(out_f + 4, n_nan.to(tl.float64))
+    tl.store(out_f + 5, n_inf.to(tl.float64))
+    tl.store(out_i + 6, digest)
 
 
 @triton.jit
@@ -103,16 +131,8 @@ def _fold(partial_f, partial_i, first, blocks, numel, out_f, out_i, FOLD: tl.con
         nans += tl.load(partial_i + row * 3 + 0, mask=ok, other=0)
         infs += tl.load(partial_i + row * 3 + 1, mask=ok, other=0)
         digest += tl.load(partial_i + row * 3 + 2, mask=ok, other=0)
-    n_nan = tl.sum(nans, axis=0)
-    n_inf = tl.sum(infs, axis=0)
-    n_finite = tl.maximum(numel - n_nan - n_inf, 1).to(tl.float64)
-    tl.store(out_f + 0, tl.min(lo, axis=0).to(tl.float64))
-    tl.store(out_f + 1, tl.max(hi, axis=0).to(tl.float64))
-    tl.store(out_f + 2, tl.sum(total, axis=0) / n_finite)
-    tl.store(out_f + 3, tl.sum(abs_total, axis=0) / n_finite)
-    tl.store(out_f + 4, n_nan.to(tl.float64))
-    tl.store(out_f + 5, n_inf.to(tl.float64))
-    tl.store(out_i + 6, tl.sum(digest, axis=0))
+    _store_summary(out_f, out_i, numel, tl.min(lo, axis=0), tl.max(hi, axis=0), tl.sum(total, axis=0),
+                   tl.sum(abs_total, axis=0), tl.sum(nans, axis=0), tl.sum(infs, axis=0), tl.sum(digest, axis=0))
 
 
 @triton.jit
@@ -185,13 +205,19 @@ def _group_summary_kernel(dtype_witness, partial_f, partial_i, finished, out_f, 
     values = address.to(dtype_witness.dtype)
     words = address.to(tl.pointer_type(tl.int64))
     nwords = numel * ELEMENT_BYTES // 8
-    _block_partials(values, words, pid - first, numel, nwords, partial_f, partial_i, pid,
-                    increment, multiplier_1, multiplier_2, BLOCK, WORDS)
     blocks = tl.cdiv(numel, BLOCK)
     row = slot + index
-    if tl.atomic_add(finished + row, 1, sem="acq_rel") == blocks - 1:
-        _fold(partial_f, partial_i, first, blocks, numel, out_f + row * 7, out_i + row * 7, FOLD)
-        tl.store(finished + row, 0)  # ready for the next tensor
+    if blocks == 1:  # most tensors of a decode step: no partials, no counter, no fold (latency is the cost)
+        lo, hi, total, abs_total, n_nan, n_inf, digest = _block_summary(
+            values, words, pid - first, numel, nwords, partial_f.dtype.element_ty, increment, multiplier_1, multiplier_2,
+            BLOCK, WORDS)
+        _store_summary(out_f + row * 7, out_i + row * 7, numel, lo, hi, total, abs_total, n_nan, n_inf, digest)
+    else:
+        _block_partials(values, words, pid - first, numel, nwords, partial_f, partial_i, pid,
+                        increment, multiplier_1, multiplier_2, BLOCK, WORDS)
+        if tl.atomic_add(finished + row, 1, sem="acq_rel") == blocks - 1:
+            _fold(partial_f, partial_i, first, blocks, numel, out_f + row * 7, out_i + row * 7, FOLD)
+            tl.store(finished + row, 0)  # ready for the next tensor
 
 
 def fused_summary_supported(tensor: torch.Tensor) -> bool:

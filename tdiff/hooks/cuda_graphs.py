@@ -39,7 +39,7 @@ from tdiff.errors import TdiffError
 from tdiff.hooks.active import active_capture
 from tdiff.hooks.running import ThreadState
 from tdiff.hooks.frameworks import GRAPH_RUNNERS
-from tdiff.hooks.device import SummaryGroup, _Batch, _DeviceSummary, _kernels, _packed_summary
+from tdiff.hooks.device import SummaryGroup, _Batch, _DeviceSummary, _kernels, _packed_summary, completion_event
 from tdiff.store.dtypes import from_bytes_view, to_bytes_view
 from tdiff.store.graph_replays import GraphReplay, GraphTemplate
 from tdiff.store.record import Record
@@ -296,7 +296,7 @@ def _emit(capture, recording: GraphRecording, thread: ThreadState, bases: dict, 
     template = recording.template
     if template is not None:   # one item for the whole replay: no Python per record
         table = recording.table_copy()
-        ready = torch.cuda.Event()
+        ready = completion_event()
         ready.record()
         capture.writer.submit(GraphReplay(template, capture.running.next_seqs(len(template.records)), thread.step,
                                           thread.label, [bases[c] for c in template.counters], table, ready))
@@ -328,7 +328,7 @@ def _emit(capture, recording: GraphRecording, thread: ThreadState, bases: dict, 
         else:
             table, row = entry.slot
             copies.append(Pending(record=record, summary=_DeviceSummary(stats_batches[id(table)], row)))
-    ready = torch.cuda.Event()
+    ready = completion_event()
     ready.record()
     for item in copies:
         if item.data is not None:

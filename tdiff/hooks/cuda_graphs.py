@@ -5,7 +5,10 @@ invalidates the capture, ``cudaErrorStreamCaptureInvalidated``), and on replay n
 all. So during the capture of a ``torch.cuda.CUDAGraph`` each recorded tensor is copied
 device-to-device into a static buffer that the graph itself captures (past the budget, or in
 stats mode, its statistics and fingerprint are computed into a static slot instead, by the fused
-kernels of stats mode, launched in groups as in eager forwards, compiled before the capture). After each
+kernels of stats mode, compiled before the capture). In stats mode a module call's inputs, or its
+outputs, are copied where eager forwards summarise them (one copy node), and the copies summarised
+in groups on a side stream of the graph, off the model's path (a replay waits for each node on its
+path in turn, and a summary's latency is several copies'). After each
 replay the buffers are copied to the host on the replay's stream, ahead of anything the next
 replay writes, and become the records of one step: the names, calls and bytes the eager forward
 gives. A graph of statistics only (stats mode) hands the writer its whole statistics table per
@@ -83,7 +86,11 @@ class GraphRecording:
         self._counters: list[torch.Tensor] = []   # the fused kernels' completion counter per slot
         self._used = _SLOTS_PER_TABLE
         self._partials: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._group = SummaryGroup(partials_of=self._partials_of)
+        self._group = SummaryGroup(partials_of=self._partials_of)   # summarised where they are
+        self._to_stage: list[tuple] = []          # (tensor, table, counters, row) to copy at the next launch
+        self._staged: list[torch.Tensor] = []     # the copies: static buffers its replays write
+        self._staged_group = SummaryGroup(partials_of=self._partials_of)   # the copies', on the side stream
+        self._side_used = False
         self._seen: dict[int, tuple] = {}
         self.template: GraphTemplate | None = None   # a graph of summaries only: its replays' one line each
 
@@ -126,13 +133,52 @@ class GraphRecording:
         elif numel > kernels.GROUPED_MAX_ELEMENTS:
             self._group.launch()
             kernels.group_summary_into([tensor], table, self._counters[-1], row, self._partials_of(tensor))
+        elif self._stages(tensor):
+            self._to_stage.append((tensor, table, self._counters[-1], row))
         else:
             self._group.add(tensor, table, self._counters[-1], row)
         return table, row
 
+    def _stages(self, tensor: torch.Tensor) -> bool:
+        """Whether a stats-mode tensor is copied and summarised off the model's path: within the
+        graph budget (stats mode's static buffers are these copies), on a device whose side
+        stream was made before the capture."""
+        recorder = self.recorder
+        nbytes = tensor.numel() * tensor.element_size()
+        if recorder.mode != "stats" or recorder.static_bytes + nbytes > recorder.budget_bytes \
+                or tensor.device not in recorder.side_streams:
+            return False
+        recorder.static_bytes += nbytes
+        return True
+
     def launch(self) -> None:
-        """Launch the summaries queued so far (where eager forwards launch theirs)."""
+        """Launch the summaries queued so far (where eager forwards launch theirs): those of tensors
+        summarised where they are, and the copies of the others, whose summaries go on the side
+        stream in groups of up to GROUP tensors of one dtype, launched as groups fill."""
         self._group.launch()
+        if not self._to_stage:
+            return
+        queued, self._to_stage = self._to_stage, []
+        tensors = [entry[0] for entry in queued]
+        copies = [torch.empty_like(tensor, memory_format=torch.contiguous_format) for tensor in tensors]
+        torch._foreach_copy_(copies, tensors)   # one node of the model's path for the call's tensors
+        self._staged += copies
+        side = self.recorder.side_streams[tensors[0].device]
+        side.wait_stream(torch.cuda.current_stream(tensors[0].device))   # after the copies (no node)
+        self._side_used = True
+        with torch.cuda.stream(side):
+            for copy, (_, table, counters, row) in zip(copies, queued):
+                self._staged_group.add(copy, table, counters, row)
+
+    def close(self) -> None:
+        """Before the capture ends, on its stream: the last summaries launched, and the side stream
+        joined back into the capture (a capture ends only with every forked stream joined)."""
+        self.launch()
+        if self._side_used:
+            side = self.recorder.side_streams[self._staged[0].device]
+            with torch.cuda.stream(side):
+                self._staged_group.launch()
+            torch.cuda.current_stream(side.device).wait_stream(side)
 
     def _partials_of(self, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The graph's own partials for the fused kernels on the capturing stream: a replay may run
@@ -201,6 +247,7 @@ class GraphRecorder:
         self.static_bytes = 0        # of all graphs captured so far
         self.graphs = 0
         self.next_rows: int | None = None
+        self.side_streams: dict[torch.device, torch.cuda.Stream] = {}   # stats mode's staged summaries'
 
     # ---- asked by the capture hook ----
     @staticmethod
@@ -227,8 +274,11 @@ class GraphRecorder:
         self.capture.flush_summaries()
         kernels = _kernels()
         if kernels is not None and self.mode == "stats":  # full mode's past the budget take torch ops
+            device = torch.device("cuda", torch.cuda.current_device())
             try:
-                kernels.compile_group_kernels(torch.device("cuda", torch.cuda.current_device()))
+                kernels.compile_group_kernels(device)
+                if device not in self.side_streams:   # no stream is made inside a capture
+                    self.side_streams[device] = torch.cuda.Stream(device)
             except Exception as exc:  # noqa: BLE001 - the program's graph capture goes on, summarised by torch ops
                 self.capture.note(f"the fused summary kernel could not be compiled ({type(exc).__name__}: {exc}): "
                                   "summaries inside CUDA graphs are computed with torch ops")
@@ -401,7 +451,11 @@ def install_graph_hooks() -> None:
     def capture_end(self, *args, **kwargs):
         completed = False
         try:
-            _originals["capture_end"](self, *args, **kwargs)
+            try:
+                if active_capture() is not None and _thread.recording is not None:
+                    _thread.recording.close()
+            finally:   # the capture ends whatever closing the recording raised
+                _originals["capture_end"](self, *args, **kwargs)
             completed = True
         finally:
             capture = active_capture()

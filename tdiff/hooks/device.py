@@ -87,6 +87,7 @@ class SummaryGroup:
     launched when it is full, when a tensor of another dtype or for another table comes, before a
     summary that takes a launch of its own (the slots stay consecutive), and by the capture once a
     module call's inputs, or its outputs, are all queued (before a later kernel can change them).
+    A tensor whose slot does not follow the group's last also starts a new group.
 
     ``partials_of``: the kernel's partials for a group, given its first tensor, at its launch
     (None: the kernels' own, per stream)."""
@@ -100,7 +101,7 @@ class SummaryGroup:
     def add(self, tensor: torch.Tensor, table: torch.Tensor, counters: torch.Tensor, slot: int) -> None:
         tensors = self._tensors
         if tensors and (tensors[0].dtype != tensor.dtype or len(tensors) == _kernels().GROUP
-                        or table is not self._table):
+                        or table is not self._table or slot != self._first + len(tensors)):
             self.launch()
         if not self._tensors:
             self._table, self._counters, self._first = table, counters, slot

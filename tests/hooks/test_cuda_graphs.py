@@ -272,6 +272,73 @@ def test_stats_mode_inside_a_graph_launches_the_fused_kernels_in_groups(tmp_path
     assert len(launched) < sum(launched)
 
 
+class AddsInPlace(torch.nn.Module):
+    """Adds its input to a Linear's output in place right after the Linear returns (as Megatron's
+    bias-dropout-add does): the Linear's recorded output is the one it returned."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(4)
+        self.trunk, self.lin = Tiny(), Linear(16, 16)
+
+    def forward(self, x):
+        y = self.trunk(x)
+        out = self.lin(y)
+        out.add_(y)
+        return out
+
+
+def staged_counts(monkeypatch) -> list[int]:
+    """The copies each stats-mode graph captured from here on summarises off the model's path."""
+    from tdiff.hooks.cuda_graphs import GraphRecording
+
+    counts = []
+    close = GraphRecording.close
+
+    def counted(self):
+        close(self)
+        counts.append(len(self._staged))
+
+    monkeypatch.setattr(GraphRecording, "close", counted)
+    return counts
+
+
+@cuda
+def test_stats_mode_copies_inside_a_graph_are_taken_before_a_later_in_place_change(tmp_path, monkeypatch):
+    """Issue 30: inside a graph, stats mode copies a call's tensors where eager forwards summarise
+    them and summarises the copies later, on a side stream: a change in place after the call
+    returned must not reach what was recorded."""
+    from tdiff.store.fingerprint import mix64_fingerprint
+
+    counts = staged_counts(monkeypatch)
+    model, inputs = AddsInPlace().cuda(), batches()
+    a = eager(model, inputs, tmp_path / "a", mode="stats")
+    b, outputs = graphed(model, inputs, tmp_path / "b", mode="stats")
+    assert counts and counts[0] == len([r for r in b.records if r.step == b.records[0].step and r.alias_of is None])
+    assert identity(b) == identity(a)
+    assert compare_dumps(a, b).status == "match"
+    with torch.no_grad():
+        returned = [model.lin(model.trunk(x)) for x in inputs]
+    recorded = [r.fingerprint for r in b.records if r.name == "lin" and r.role == "output"]
+    assert recorded == [mix64_fingerprint(y) for y in returned]
+    with torch.no_grad():
+        assert all(torch.equal(y, model(x)) for x, y in zip(inputs, outputs))
+
+
+@cuda
+def test_past_the_graph_budget_stats_mode_summarises_in_place(tmp_path, monkeypatch):
+    """Stats mode's copies are the graph's static buffers, bounded by --graph-budget: with none
+    left, the graph summarises each tensor where it is, with the same records."""
+    counts = staged_counts(monkeypatch)
+    model, inputs = AddsInPlace().cuda(), batches()
+    staged, _ = graphed(model, inputs, tmp_path / "staged", mode="stats")
+    in_place, _ = graphed(model, inputs, tmp_path / "in_place", mode="stats", graph_budget_bytes=0)
+    assert counts[0] > 0 and counts[1] == 0
+    assert [(r.name, r.role, r.step, r.fingerprint, r.stats) for r in in_place.records] == \
+        [(r.name, r.role, r.step, r.fingerprint, r.stats) for r in staged.records]
+    assert compare_dumps(staged, in_place).status == "match"
+
+
 @cuda
 def test_a_summary_kernel_that_cannot_be_compiled_leaves_the_graph_to_torch_ops(tmp_path, monkeypatch):
     from tdiff.store import device_summary

@@ -74,8 +74,9 @@ class _Entry:
 class GraphRecording:
     """What one graph's capture recorded, and the static device memory its replays write."""
 
-    def __init__(self, recorder: GraphRecorder):
+    def __init__(self, recorder: GraphRecorder, side: torch.cuda.Stream | None = None):
         self.recorder = recorder
+        self._side = side   # where stats mode's copies are summarised (None: in place)
         self.entries: list[_Entry] = []
         self.calls: dict[str, int] = {}      # call counts of the captured forward, by counter
         self.top_level: set[int] = set()     # ids of the modules it called outermost
@@ -90,7 +91,7 @@ class GraphRecording:
         self._to_stage: list[tuple] = []          # (tensor, table, counters, row) to copy at the next launch
         self._staged: list[torch.Tensor] = []     # the copies: static buffers its replays write
         self._staged_group = SummaryGroup(partials_of=self._partials_of)   # the copies', on the side stream
-        self._side_used = False
+        self._side_used = False   # the side stream joined the capture
         self._seen: dict[int, tuple] = {}
         self.template: GraphTemplate | None = None   # a graph of summaries only: its replays' one line each
 
@@ -141,12 +142,12 @@ class GraphRecording:
 
     def _stages(self, tensor: torch.Tensor) -> bool:
         """Whether a stats-mode tensor is copied and summarised off the model's path: within the
-        graph budget (stats mode's static buffers are these copies), on a device whose side
-        stream was made before the capture."""
+        graph budget (stats mode's static buffers are these copies), on the device of the side
+        stream made before the capture."""
         recorder = self.recorder
         nbytes = tensor.numel() * tensor.element_size()
         if recorder.mode != "stats" or recorder.static_bytes + nbytes > recorder.budget_bytes \
-                or tensor.device not in recorder.side_streams:
+                or self._side is None or tensor.device != self._side.device:
             return False
         recorder.static_bytes += nbytes
         return True
@@ -164,7 +165,7 @@ class GraphRecording:
         # gives each 64K elements one block (its copies alone made a 32-token replay 2.5x, H100)
         copies = [torch.empty_like(tensor, memory_format=torch.contiguous_format).copy_(tensor) for tensor in tensors]
         self._staged += copies
-        side = self.recorder.side_streams[tensors[0].device]
+        side = self._side
         side.wait_stream(torch.cuda.current_stream(tensors[0].device))   # after the copies (no node)
         self._side_used = True
         with torch.cuda.stream(side):
@@ -175,8 +176,8 @@ class GraphRecording:
         """Before the capture ends, on its stream: the last summaries launched, and the side stream
         joined back into the capture (a capture ends only with every forked stream joined)."""
         self.launch()
+        side = self._side
         if self._side_used:
-            side = self.recorder.side_streams[self._staged[0].device]
             with torch.cuda.stream(side):
                 self._staged_group.launch()
             torch.cuda.current_stream(side.device).wait_stream(side)
@@ -248,7 +249,8 @@ class GraphRecorder:
         self.static_bytes = 0        # of all graphs captured so far
         self.graphs = 0
         self.next_rows: int | None = None
-        self.side_streams: dict[torch.device, torch.cuda.Stream] = {}   # stats mode's staged summaries'
+        # stats mode's staged summaries', per device and capturing thread: a stream joins one capture at a time
+        self.side_streams: dict[tuple[torch.device, int], torch.cuda.Stream] = {}
 
     # ---- asked by the capture hook ----
     @staticmethod
@@ -278,8 +280,9 @@ class GraphRecorder:
             device = torch.device("cuda", torch.cuda.current_device())
             try:
                 kernels.compile_group_kernels(device)
-                if device not in self.side_streams:   # no stream is made inside a capture
-                    self.side_streams[device] = torch.cuda.Stream(device)
+                key = (device, threading.get_ident())
+                if key not in self.side_streams:   # no stream is made inside a capture
+                    self.side_streams[key] = torch.cuda.Stream(device)
             except Exception as exc:  # noqa: BLE001 - the program's graph capture goes on, summarised by torch ops
                 self.capture.note(f"the fused summary kernel could not be compiled ({type(exc).__name__}: {exc}): "
                                   "summaries inside CUDA graphs are computed with torch ops")
@@ -288,7 +291,10 @@ class GraphRecorder:
             writer.drain()
 
     def begin(self) -> None:
-        _thread.recording = GraphRecording(self)
+        side = None
+        if self.side_streams:   # stats mode with the kernels compiled: prepare() made one
+            side = self.side_streams.get((torch.device("cuda", torch.cuda.current_device()), threading.get_ident()))
+        _thread.recording = GraphRecording(self, side)
 
     def end(self, graph, completed: bool) -> None:
         recording = _thread.__dict__.pop("recording", None)

@@ -459,7 +459,7 @@ def install_graph_hooks() -> None:
         completed = False
         try:
             try:
-                if active_capture() is not None and _thread.recording is not None:
+                if _thread.recording is not None:   # even if capture stopped meanwhile: its side stream must join
                     _thread.recording.close()
             finally:   # the capture ends whatever closing the recording raised
                 _originals["capture_end"](self, *args, **kwargs)

@@ -55,3 +55,14 @@ def test_a_group_takes_its_partials_from_its_first_tensor_at_its_launch(launches
     assert given == []   # nothing asked before the launch (the stream is the launch's)
     group.launch()
     assert given == [first] and launches[0][2:] == (2, ("partials", torch.float32))
+
+
+def test_a_slot_that_does_not_follow_the_groups_last_starts_a_new_group(launches):
+    """The kernel writes tensor i of a launch into slot first + i: inside a graph, copies summarised
+    off the model's path may skip the slots of tensors summarised in place between them."""
+    table, counters = torch.empty(16, 7), torch.empty(16, 1)
+    group = SummaryGroup()
+    for slot in (0, 1, 3, 4, 9):
+        group.add(torch.zeros(2), table, counters, slot)
+    group.launch()
+    assert [(len(dtypes), slot) for dtypes, _, slot, _ in launches] == [(2, 0), (2, 3), (1, 9)]

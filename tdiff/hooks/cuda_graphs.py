@@ -91,7 +91,6 @@ class GraphRecording:
         self._to_stage: list[tuple] = []          # (tensor, table, counters, row) to copy at the next launch
         self._staged: list[torch.Tensor] = []     # the copies: static buffers its replays write
         self._staged_group = SummaryGroup(partials_of=self._partials_of)   # the copies', on the side stream
-        self._side_used = False   # the side stream joined the capture
         self._seen: dict[int, tuple] = {}
         self.template: GraphTemplate | None = None   # a graph of summaries only: its replays' one line each
 
@@ -167,7 +166,6 @@ class GraphRecording:
         self._staged += copies
         side = self._side
         side.wait_stream(torch.cuda.current_stream(tensors[0].device))   # after the copies (no node)
-        self._side_used = True
         with torch.cuda.stream(side):
             for copy, (_, table, counters, row) in zip(copies, queued):
                 self._staged_group.add(copy, table, counters, row)
@@ -177,7 +175,7 @@ class GraphRecording:
         joined back into the capture (a capture ends only with every forked stream joined)."""
         self.launch()
         side = self._side
-        if self._side_used:
+        if self._staged:   # the side stream joined the capture
             with torch.cuda.stream(side):
                 self._staged_group.launch()
             torch.cuda.current_stream(side.device).wait_stream(side)
@@ -277,12 +275,11 @@ class GraphRecorder:
         self.capture.flush_summaries()
         kernels = _kernels()
         if kernels is not None and self.mode == "stats":  # full mode's past the budget take torch ops
-            device = torch.device("cuda", torch.cuda.current_device())
+            key = _side_key()
             try:
-                kernels.compile_group_kernels(device)
-                key = (device, threading.get_ident())
+                kernels.compile_group_kernels(key[0])
                 if key not in self.side_streams:   # no stream is made inside a capture
-                    self.side_streams[key] = torch.cuda.Stream(device)
+                    self.side_streams[key] = torch.cuda.Stream(key[0])
             except Exception as exc:  # noqa: BLE001 - the program's graph capture goes on, summarised by torch ops
                 self.capture.note(f"the fused summary kernel could not be compiled ({type(exc).__name__}: {exc}): "
                                   "summaries inside CUDA graphs are computed with torch ops")
@@ -291,10 +288,8 @@ class GraphRecorder:
             writer.drain()
 
     def begin(self) -> None:
-        side = None
-        if self.side_streams:   # stats mode with the kernels compiled: prepare() made one
-            side = self.side_streams.get((torch.device("cuda", torch.cuda.current_device()), threading.get_ident()))
-        _thread.recording = GraphRecording(self, side)
+        # stats mode with the kernels compiled: prepare() made it
+        _thread.recording = GraphRecording(self, self.side_streams.get(_side_key()) if self.side_streams else None)
 
     def end(self, graph, completed: bool) -> None:
         recording = _thread.__dict__.pop("recording", None)
@@ -331,6 +326,11 @@ class GraphRecorder:
         if not capture.selection.wants_step(thread.step) or capture.part.failed:
             return
         _emit(capture, recording, thread, bases, rows if rows != recording.rows else None)
+
+
+def _side_key() -> tuple[torch.device, int]:
+    """The capturing device and thread, whose side stream stats mode's staged summaries use."""
+    return torch.device("cuda", torch.cuda.current_device()), threading.get_ident()
 
 
 def _replay_step(capture, recording: GraphRecording) -> tuple[ThreadState, dict[str, int]]:

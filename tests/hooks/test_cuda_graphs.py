@@ -395,6 +395,59 @@ def test_a_graph_forked_onto_a_side_stream_records_each_replays_own_statistics(t
         assert all(torch.equal(y, model(x)) for x, y in zip(inputs, outputs))
 
 
+@cuda
+def test_graphs_captured_by_two_threads_each_stage_on_their_own_side_stream(tmp_path, monkeypatch):
+    """Stats mode's side stream is made per capturing thread: two threads that each capture and
+    replay a graph under one capture record what each of their eager forwards records."""
+    import threading
+
+    from tdiff.hooks.cuda_graphs import GraphRecording
+
+    sides = []
+    begin = GraphRecording.__init__
+
+    def remembered(self, recorder, side):
+        begin(self, recorder, side)
+        sides.append(side)
+
+    monkeypatch.setattr(GraphRecording, "__init__", remembered)
+    model, inputs = AddsInPlace().cuda(), batches()
+
+    def in_threads(path, run):
+        with torch.no_grad(), tdiff.capture(path, mode="stats"):
+            workers = [threading.Thread(target=run, name=f"worker-{index}") for index in range(2)]
+            for worker in workers:
+                worker.start()
+                worker.join()   # one after the other: their step counts do not race
+        return open_dump(path)
+
+    def eager_forwards():
+        for x in inputs:
+            model(x)
+
+    def graph_replays():
+        static_x = torch.zeros_like(inputs[0])
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), tdiff.warmup():
+            model(static_x)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            model(static_x)
+        for x in inputs:
+            static_x.copy_(x)
+            graph.replay()
+        torch.cuda.synchronize()
+
+    a = in_threads(tmp_path / "a", eager_forwards)
+    b = in_threads(tmp_path / "b", graph_replays)
+    assert len(sides) == 2 and None not in sides   # each thread found the side stream made for it
+    assert {r.thread for r in b.records} == {"worker-0", "worker-1"}
+    assert identity(b) == identity(a)
+    assert compare_dumps(a, b).status == "match"
+
+
 # ---- without a GPU ----
 class Doubler(torch.nn.Module):
     def forward(self, x):

@@ -3,7 +3,6 @@ source). It has no annotator: its records carry no parallel coordinates."""
 
 from __future__ import annotations
 
-import functools
 import inspect
 
 import torch
@@ -45,8 +44,13 @@ def _by_name(module, args: tuple, kwargs: dict) -> dict:
         return {"input_ids": args[0], **kwargs}
 
 
-@functools.cache
 def _forward_signature(cls: type) -> inspect.Signature:
     """The class's forward's (capture may have wrapped the instance's, ``model=``), worked out
     once: ``inspect.signature`` unwraps transformers' decorators, some 0.4 ms at every forward."""
-    return inspect.signature(cls.forward)
+    signature = _signatures.get(cls)
+    if signature is None:
+        signature = _signatures[cls] = inspect.signature(cls.forward)  # type: ignore[attr-defined]
+    return signature
+
+
+_signatures: dict[type, inspect.Signature] = {}

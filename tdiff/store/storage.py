@@ -104,6 +104,7 @@ class _Stream:
         self._tmp = _temporary_path(path)
         self._fd = os.open(self._tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         self._data_start = data_start
+        self._allocating = True
 
     def _append_bytes(self, nbytes: int, write: Callable[[Callable], T], key: str) -> T:
         """``write(sink)`` hands ``sink`` the tensor's ``nbytes`` bytes in order. Cut short (an
@@ -111,6 +112,7 @@ class _Stream:
         whole, and can still be sealed with the tensors before it."""
         begin = self.nbytes
         try:
+            self._allocate(self._data_start + begin, nbytes)
             result = write(self._write)
             if self.nbytes - begin != nbytes:
                 raise RuntimeError(f"tensor {key!r} gave {self.nbytes - begin} bytes, not {nbytes}")
@@ -120,6 +122,17 @@ class _Stream:
             os.lseek(self._fd, self._data_start + begin, os.SEEK_SET)
             raise
         return result
+
+    def _allocate(self, offset: int, nbytes: int) -> None:
+        """Allocate the file's blocks for the bytes about to be written, where the file system
+        can: ext4 then takes the tensor's pages into one extent at once instead of reserving
+        blocks page by page as they are written (full mode's 171 MB a forward: ~30% less time in
+        the writes, docs/PERFORMANCE.md section 1). Extends the file as the write would; where
+        it fails, the write goes on without (and reports a full disk itself)."""
+        if not self._allocating or not nbytes:
+            return
+        if _fallocate is None or _fallocate(self._fd, 0, offset, nbytes) != 0:
+            self._allocating = False
 
     def _write(self, data) -> None:
         view = memoryview(data).cast("B")
@@ -277,6 +290,11 @@ _libc.mmap.restype = ctypes.c_void_p
 _libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64)
 _libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
 _MAP_FAILED = ctypes.c_void_p(-1).value
+# Linux's fallocate(2): glibc's posix_fallocate writes zeros where the file system has none
+_fallocate = getattr(_libc, "fallocate64", None)
+if _fallocate is not None:
+    _fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+    _fallocate.restype = ctypes.c_int
 
 
 def _read_safetensors_index(path: Path) -> tuple[int, dict[str, _Entry]]:

@@ -6,6 +6,7 @@ import torch
 
 from tdiff.store.dtypes import stored_nbytes, to_bytes_view
 from tdiff.store.fingerprint import host_summary
+from tdiff.store import storage as storage_module
 from tdiff.store.storage import SAFETENSORS_DTYPES, storage_for
 
 STORAGES = ["safetensors", "h5"]
@@ -38,6 +39,18 @@ def test_every_tensor_streamed_reads_back_bit_exactly(tmp_path, storage):
     for key, tensor in tensors.items():
         raw = shard.get(key, nbytes=stored_nbytes(tensor.dtype, tensor.shape))
         assert torch.equal(raw, to_bytes_view(tensor)), key
+
+
+def test_a_file_system_without_fallocate_gets_the_same_shard(tmp_path, monkeypatch):
+    # blocks are allocated ahead of each tensor where the file system can (ext4); where it
+    # cannot (EOPNOTSUPP), the writes alone make the same file
+    tensors = _tensors()
+    _streamed(tmp_path / "a.safetensors", "safetensors", tensors).seal()
+    calls = []
+    monkeypatch.setattr(storage_module, "_fallocate", lambda *args: calls.append(args) or -1)
+    _streamed(tmp_path / "b.safetensors", "safetensors", tensors).seal()
+    assert len(calls) == 1   # tried once a shard
+    assert (tmp_path / "a.safetensors").read_bytes() == (tmp_path / "b.safetensors").read_bytes()
 
 
 def test_a_streamed_safetensors_shard_opens_in_safetensors_with_its_dtypes(tmp_path):

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import torch
 
     from tdiff.store.record import Record
-    from tdiff.store.tokens import TokenBatch
+    from tdiff.store.tokens import DeferredTokens, TokenBatch
     from tdiff.store.writer import Pending
 
 
@@ -37,7 +37,8 @@ class Sink(Protocol):
 
     The messages: a record with how its contents come (a :class:`~tdiff.store.writer.Pending`
     item: a host copy, a summary, an alias of an earlier item, a graph replay's buffers), a CPU
-    tensor streamed to a shard with its record, a forward's :class:`~tdiff.store.tokens.TokenBatch`.
+    tensor streamed to a shard with its record, a forward's :class:`~tdiff.store.tokens.TokenBatch` (or
+    :class:`~tdiff.store.tokens.DeferredTokens`, which the sink works out).
     Once ``failed``, what a sink is handed is dropped and nothing more is recorded."""
 
     part: str   # the part's id
@@ -51,7 +52,7 @@ class Sink(Protocol):
         """Write the tensor now and submit its record, complete; its item, or None: not written."""
         ...
 
-    def submit_tokens(self, batch: TokenBatch) -> None: ...
+    def submit_tokens(self, batch: TokenBatch | DeferredTokens) -> None: ...
 
     def flush(self) -> None:
         """Write out what is held (a step ended)."""

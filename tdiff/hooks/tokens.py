@@ -11,6 +11,7 @@ carries no token ids. Those of Hugging Face, SGLang and megatron-core are built 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +20,8 @@ import torch
 
 from tdiff.errors import TdiffError
 from tdiff.hooks.frameworks import TOKEN_SOURCES
-from tdiff.store.tokens import PADDING, RowTokens, TokenBatch
+from tdiff.hooks.device import completion_event
+from tdiff.store.tokens import PADDING, DeferredTokens, RowTokens, TokenBatch
 
 if TYPE_CHECKING:
     from tdiff.hooks.capture import Capture
@@ -64,29 +66,61 @@ class TokenRecorder:
 
     def of_forward(self, module, args: tuple, kwargs: dict) -> None:
         """At an outermost call: the tokens given for it, else what its framework's source reads
-        from the call (once per step)."""
+        from the call (once per step), described by the writer from copies taken now."""
         batch, self.pending = self.pending, None
         step = self._capture.running.thread().step
-        if batch is None and self._step != step:
+        if batch is not None:
+            self.write(batch)
+        elif self._step != step:
             framework = type(getattr(module, "_orig_mod", module)).__module__.partition(".")[0]
             source = token_source(framework)
             given = source(module, args, kwargs) if source is not None else None
-            if given is not None:
-                batch = describe_tokens(step=step, rank=0, source=framework, **given)
-        if batch is not None:
-            self.write(batch)
+            if given is not None and self._wanted(step):
+                self._step = step
+                copies, ready = _snapshot(given)
+                rank = self._capture.running.rank()
+                self._capture.writer.submit_tokens(DeferredTokens(
+                    step, functools.partial(describe_tokens, step=step, rank=rank, source=framework, **copies), ready))
 
     def write(self, batch: TokenBatch) -> None:
         self.pending = None
+        step = self._capture.running.thread().step
+        if self._wanted(step):
+            self._step = step
+            capture = self._capture
+            capture.writer.submit_tokens(dataclasses.replace(batch, step=step, rank=capture.running.rank()))
+
+    def _wanted(self, step: int) -> bool:
         capture = self._capture
         if capture.options.batch_row is not None:
             capture.note("--batch-row: token metadata is not recorded (rows are cut from the batch)")
-            return
-        step = capture.running.thread().step
-        if not capture.selection.wants_step(step) or capture.part.failed:
-            return
-        self._step = step
-        capture.writer.submit_tokens(dataclasses.replace(batch, step=step, rank=capture.running.rank()))
+            return False
+        return capture.selection.wants_step(step) and not capture.part.failed
+
+
+def _snapshot(given: dict) -> tuple[dict, tuple]:
+    """Copies of what a token source read from a call, taken now (the program may reuse its
+    buffers once the forward ran), and the events that say a device's copies have arrived: those
+    go to pinned host memory in their stream's order, without waiting (a synchronising copy here
+    stopped the host at every forward: 0.5-1 ms on the H100 host, and an engine's run-ahead)."""
+    copies, devices = {}, set()
+    for key, value in given.items():
+        if isinstance(value, torch.Tensor):
+            value = value.detach()
+            if value.is_cuda:
+                devices.add(value.device)
+                value = value.to("cpu", non_blocking=True)
+            else:
+                value = value.clone()
+        elif isinstance(value, (list, tuple)):
+            value = list(value)
+        copies[key] = value
+    ready = []
+    for device in devices:
+        event = completion_event()
+        event.record(torch.cuda.current_stream(device))
+        ready.append(event)
+    return copies, tuple(ready)
 
 
 def describe_tokens(*, step: int, rank: int, input_ids, positions=None, seq_lens=None, seq_ids=None,

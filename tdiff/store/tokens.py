@@ -12,7 +12,9 @@ in ``attrs["tokens"]``: :class:`RowTokens`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from tdiff.errors import DumpError
 
@@ -21,6 +23,22 @@ PADDING = -1   # the sequence index of a grid cell that holds no token
 # (attrs "layout"): Megatron's are [seq, batch, ...], transformers' [batch, seq, ...]
 LAYOUTS = ("batch-first", "seq-first")   # how a value lays out a 2-D token grid: [batch, seq] or [seq, batch]
 FRAMEWORK_LAYOUTS = {"megatron": "seq-first", "transformers": "batch-first", "sglang": "batch-first"}
+
+
+@dataclass(frozen=True)
+class DeferredTokens:
+    """A forward's token metadata that the writer works out, off the model's thread: ``describe``
+    makes its :class:`TokenBatch` from copies of what the model was given, once the ``ready``
+    events (those of copies from a device) have passed."""
+
+    step: int
+    describe: Callable[[], TokenBatch]
+    ready: tuple[Any, ...] = ()
+
+    def resolve(self) -> TokenBatch:
+        for event in self.ready:
+            event.synchronize()
+        return self.describe()
 
 
 @dataclass(frozen=True)

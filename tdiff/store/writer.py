@@ -38,7 +38,7 @@ from tdiff.store.fingerprint import ONE_THREAD_CHUNK, fingerprint_algorithm, hos
 from tdiff.store.manifest import DATA_DIR, ManifestJournal
 from tdiff.store.record import Record
 from tdiff.store.storage import HeaderFull, ShardStream, storage_for
-from tdiff.store.tokens import TokenBatch
+from tdiff.store.tokens import DeferredTokens, TokenBatch
 
 # shards written at once: page-cache writes of separate files overlap where there are cores to spare
 DEFAULT_SHARD_WRITERS = max(1, min(4, (os.cpu_count() or 1) // 4))
@@ -269,8 +269,9 @@ class DumpWriter:
                 self._queue.put(self._take_handful())
             self._queue.put(message)
 
-    def submit_tokens(self, batch: TokenBatch) -> None:
-        """Journal a forward's token metadata with the next records written."""
+    def submit_tokens(self, batch: TokenBatch | DeferredTokens) -> None:
+        """Journal a forward's token metadata with the next records written (a deferred one worked
+        out first, on the writer's thread)."""
         if not self.failed:
             self._hand_over(batch)
 
@@ -344,9 +345,20 @@ class DumpWriter:
                 item.set()  # drain(), settle(): everything before it is handled
             elif isinstance(item, TokenBatch):
                 self._tokens.append(item)
+            elif isinstance(item, DeferredTokens):
+                self._describe_tokens(item)
             else:
                 self._store_handful(item)
             del item   # what it holds (a graph replay's pinned table) goes now, not at the next item
+
+    def _describe_tokens(self, deferred: DeferredTokens) -> None:
+        """A forward's token metadata, from the copies its token source took: what the source read
+        cannot be described ends the part as failed (a dump whose tokens are missing cannot be lined
+        up token by token)."""
+        try:
+            self._tokens.append(deferred.resolve())
+        except Exception as exc:  # noqa: BLE001 - a failure here ends this part, not the model
+            self._fail(f"the token metadata of step {deferred.step} cannot be described ({_reason(exc)})")
 
     def _store_handful(self, handful: list[Pending | GraphReplay]) -> None:
         for pending in handful:

@@ -3,6 +3,8 @@ the fused device summary with its mix64 fingerprint (stats mode). Skipped on mac
 CUDA; run on the GPU machine with `python -m pytest tests/hooks/test_cuda_capture.py` (the
 megatron-core test also needs megatron-core installed)."""
 
+import json
+
 import pytest
 import torch
 
@@ -331,3 +333,22 @@ def test_staging_stays_within_its_bound_and_loses_nothing(tmp_path, monkeypatch)
     assert len(outputs) == len(sizes)
     for record, (value, size) in zip(sorted(outputs, key=lambda r: r.seq), enumerate(sizes)):
         assert torch.equal(dump.load(record), torch.full((size,), float(value))), record.seq
+
+
+def test_a_capture_that_records_nothing_does_not_synchronise_the_forward(tmp_path):
+    """Issue 30: the token metadata of each forward was copied to the host with a synchronising
+    copy, which stopped the host at every forward (and an engine's run-ahead); it is copied without
+    a wait and described by the writer."""
+    model = tiny_qwen2().cuda()
+    ids = token_ids(12).reshape(2, 6).cuda()
+    with torch.no_grad(), tdiff.capture(tmp_path / "a", select=["nothing-matches-this"]):
+        model(ids)   # the first forward names the modules and starts the writer
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            model(ids)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    lines = [json.loads(line) for path in (tmp_path / "a" / "manifests").iterdir()
+             for line in path.read_text().splitlines()]
+    assert [line["input_ids"] for line in lines if line["type"] == "tokens"] == [ids.flatten().tolist()] * 2

@@ -93,6 +93,52 @@ def _rewrite_manifests(root, edit):
         path.write_text("".join(json.dumps(line) + "\n" for line in edit(lines)))
 
 
+def test_a_forwards_tokens_are_the_ids_it_was_given_though_it_changes_them_in_place(tmp_path, monkeypatch):
+    """The writer describes a forward's tokens off the model's thread, from a copy taken when the
+    forward began: a change the model (or the program, reusing its buffer) makes afterwards does
+    not reach them."""
+    import threading
+
+    from tdiff.store.tokens import DeferredTokens
+
+    changed = threading.Event()
+    resolve = DeferredTokens.resolve
+
+    def after_the_change(self):   # the writer describes them once the ids have changed
+        changed.wait(timeout=30)
+        return resolve(self)
+
+    monkeypatch.setattr(DeferredTokens, "resolve", after_the_change)
+    model = tiny_qwen2()
+    ids = torch.tensor([[5, 6, 7, 8]])
+    given = ids.flatten().tolist()
+    model.model.embed_tokens.register_forward_pre_hook(lambda module, args: args[0].add_(1))
+    with torch.no_grad(), tdiff.capture(tmp_path / "a"):
+        model(ids)
+        ids.add_(10)
+        changed.set()
+    assert open_dump(tmp_path / "a").token_batches()[(0, 0)].input_ids == given
+
+
+class Engine(torch.nn.Module):
+    def forward(self, input_ids):
+        return input_ids * 2
+
+
+def test_tokens_a_framework_source_reads_that_cannot_be_described_end_the_dump_as_failed(tmp_path, monkeypatch):
+    """Described by the writer, a source's bad reading cannot raise in the model's forward: the
+    part ends as failed and says why (a dump whose tokens are missing cannot be lined up)."""
+    import importlib
+
+    tokens = importlib.import_module("tdiff.hooks.tokens")   # (tdiff.hooks.tokens is also a function's name)
+    monkeypatch.setitem(tokens._SOURCES, Engine.__module__.partition(".")[0],
+                        lambda module, args, kwargs: {"input_ids": args[0], "seq_lens": [5]})
+    with torch.no_grad(), tdiff.capture(tmp_path / "a"):
+        assert Engine()(torch.tensor([1, 2, 3])).tolist() == [2, 4, 6]
+    with pytest.raises(DumpError, match="capture failed: the token metadata of step 0 cannot be described.*seq_lens add up to 5"):
+        open_dump(tmp_path / "a", allow_incomplete=True)
+
+
 def test_a_version_1_dump_reads_with_no_token_metadata(tmp_path):
     with torch.no_grad(), tdiff.capture(tmp_path / "a"):
         tiny_qwen2()(torch.tensor([[1, 2]]))

@@ -95,14 +95,14 @@ def forward_batch_tokens(batch, *, input_ids=None, positions=None) -> dict | Non
     elif batch.extend_seq_lens_cpu is not None:
         lens = list(batch.extend_seq_lens_cpu)
     elif batch.extend_seq_lens is not None:
-        lens = batch.extend_seq_lens.tolist()
+        lens = batch.extend_seq_lens   # (tensors stay tensors: copied to the host without a wait)
     else:
         return None   # a mode whose per-request token counts the batch does not give
     seq_ids = batch.rids
-    if seq_ids is None and batch.req_pool_indices is not None:
-        seq_ids = batch.req_pool_indices.tolist()
+    if seq_ids is None:
+        seq_ids = batch.req_pool_indices
     return {"input_ids": ids, "positions": pos if isinstance(pos, torch.Tensor) and pos.shape == ids.shape else None,
-            "seq_lens": lens, "seq_ids": list(seq_ids) if seq_ids is not None else None}
+            "seq_lens": lens, "seq_ids": seq_ids if seq_ids is None or isinstance(seq_ids, torch.Tensor) else list(seq_ids)}
 
 
 def _forward_batch(args: tuple, kwargs: dict):

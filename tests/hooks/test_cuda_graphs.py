@@ -76,26 +76,32 @@ def eager(model, inputs, path, **options):
 def graphed(model, inputs, path, *, rows=None, **options):
     """Warm up, capture one graph for inputs[0]'s shape, replay it once per input; returns the
     dump and the graph's outputs of each replay."""
+    with torch.no_grad(), tdiff.capture(path, **options):
+        outputs = replayed(model, inputs, rows=rows)
+    return open_dump(path), outputs
+
+
+def replayed(model, inputs, *, rows=None):
+    """:func:`graphed` inside the capture running: the graph's outputs of each replay."""
     static_x = torch.zeros_like(inputs[0])
     outputs = []
-    with torch.no_grad(), tdiff.capture(path, **options):
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side), tdiff.warmup():
-            model(static_x)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static_y = model(static_x)
-        for x in inputs:
-            static_x.zero_()
-            static_x[:len(x)].copy_(x)
-            if rows is not None:
-                tdiff.graph_rows(rows)
-            graph.replay()
-            outputs.append(static_y.clone())
-        torch.cuda.synchronize()
-    return open_dump(path), outputs
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), tdiff.warmup():
+        model(static_x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = model(static_x)
+    for x in inputs:
+        static_x.zero_()
+        static_x[:len(x)].copy_(x)
+        if rows is not None:
+            tdiff.graph_rows(rows)
+        graph.replay()
+        outputs.append(static_y.clone())
+    torch.cuda.synchronize()
+    return outputs
 
 
 def identity(dump):
@@ -425,23 +431,8 @@ def test_graphs_captured_by_two_threads_each_stage_on_their_own_side_stream(tmp_
         for x in inputs:
             model(x)
 
-    def graph_replays():
-        static_x = torch.zeros_like(inputs[0])
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side), tdiff.warmup():
-            model(static_x)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            model(static_x)
-        for x in inputs:
-            static_x.copy_(x)
-            graph.replay()
-        torch.cuda.synchronize()
-
     a = in_threads(tmp_path / "a", eager_forwards)
-    b = in_threads(tmp_path / "b", graph_replays)
+    b = in_threads(tmp_path / "b", lambda: replayed(model, inputs))
     assert len(sides) == 2 and None not in sides   # each thread found the side stream made for it
     assert {r.thread for r in b.records} == {"worker-0", "worker-1"}
     assert identity(b) == identity(a)

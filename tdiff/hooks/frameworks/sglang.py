@@ -102,7 +102,7 @@ def forward_batch_tokens(batch, *, input_ids=None, positions=None) -> dict | Non
     if seq_ids is None:
         seq_ids = batch.req_pool_indices
     return {"input_ids": ids, "positions": pos if isinstance(pos, torch.Tensor) and pos.shape == ids.shape else None,
-            "seq_lens": lens, "seq_ids": seq_ids if seq_ids is None or isinstance(seq_ids, torch.Tensor) else list(seq_ids)}
+            "seq_lens": lens, "seq_ids": seq_ids}   # (copied where the tokens are described)
 
 
 def _forward_batch(args: tuple, kwargs: dict):

@@ -220,7 +220,7 @@ class Capture:
                 output = recorded_call(self, thread, module, invoke, args, kwargs)
             finally:
                 tracing.paused -= 1
-        if self.part.forked and not stack:
+        if not stack and self.part.forked:
             self.recorder.summaries.flush()
             self.part.settle(self.notes)
         return output

@@ -41,6 +41,15 @@ def recorded_call(capture: Capture, thread: ThreadState, module, invoke, args: t
     if parent is not None and parent.compiled:
         return invoke(*args, **kwargs)  # inside compiled code (or its eager fallbacks): not recorded
     plan = capture.plans.plan(module, parent)
+    if plan.quiet and parent is not None and capture.graft is None \
+            and getattr(module, "_compiled_call_impl", None) is None:
+        # most calls of a capture with a narrow selection (and all with none): nothing to count,
+        # check or record, only a frame that names where the modules it calls are called from
+        stack.append(Frame(module, plan.path, plan.annotator, plan.layer, parent=parent))
+        try:
+            return invoke(*args, **kwargs)
+        finally:
+            stack.pop()
     if plan.graph_module and _compiler_graph(module):
         capture.note("torch.compile: compiled code ran; the modules it runs are not recorded "
                      "(capture without torch.compile to record them)")
@@ -85,7 +94,7 @@ def recorded_call(capture: Capture, thread: ThreadState, module, invoke, args: t
     if compiled:
         capture.note(f"torch.compile: {tensor_name(path, '')} ran compiled: its inputs and outputs are "
                      "recorded, the modules inside it are not (capture without torch.compile to record them)")
-    stack.append(Frame(module, path, call, plan.annotator, plan.layer, compiled, tracer, parent,
+    stack.append(Frame(module, path, plan.annotator, plan.layer, compiled, tracer, parent,
                        layout if recording and described is module else UNKNOWN_LAYOUT))
     try:
         if tracer is None:

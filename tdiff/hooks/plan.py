@@ -47,11 +47,11 @@ class CallPlan:
     decoder layer and annotator)."""
 
     __slots__ = ("module", "path", "layer", "other_layer", "wanted", "traced", "wrapped", "annotator",
-                 "registrations", "graph_module", "optimized", "_names")
+                 "registrations", "graph_module", "optimized", "quiet", "_names")
 
     def __init__(self, module, forget: Callable[[weakref.ref], None], path: str, layer: int | None,
                  other_layer: int | None, wanted: bool, traced: bool, wrapped, annotator: str | None,
-                 graph_module: bool):
+                 graph_module: bool, counted: bool):
         # weak: a plan must not keep a module alive; ``forget`` drops the plan with its module
         self.module = weakref.ref(module, forget)
         self.path = path
@@ -66,6 +66,9 @@ class CallPlan:
         dynamo = sys.modules.get("torch._dynamo.eval_frame")
         # torch.compile(module)'s wrapper (module.compile() sets _compiled_call_impl instead, at any time)
         self.optimized = dynamo is not None and isinstance(module, dynamo.OptimizedModule)
+        # no call of its path is ever recorded (so none is counted) or traced, and it is no compiled
+        # code: such a call only says where the modules it calls are called from (module_call)
+        self.quiet = not counted and not traced and not graph_module and not self.optimized
         self._names: dict[str, str] = {}   # sub -> tensor name
 
     def name(self, sub: str) -> str:
@@ -120,7 +123,7 @@ class CallPlans:
             self._ops is not None and self._ops.wants(path), wrapped,
             # a framework's annotator also describes the plain torch modules inside its models
             annotating_framework(module if wrapped is None else wrapped, parent.annotator if parent else None),
-            fx is not None and isinstance(module, fx.GraphModule))
+            fx is not None and isinstance(module, fx.GraphModule), self._selection.may_want(path))
         return plan
 
 

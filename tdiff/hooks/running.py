@@ -36,11 +36,11 @@ UNKNOWN_LAYOUT = ""   # a Frame's layout before anything asked for it (tdiff.hoo
 class Frame:
     """One module call running in this thread."""
 
-    __slots__ = ("module", "path", "call", "annotator", "layer", "compiled", "tracer", "parent", "layout")
+    __slots__ = ("module", "path", "annotator", "layer", "compiled", "tracer", "parent", "layout")
 
-    def __init__(self, module, path, call, annotator, layer, compiled=False, tracer=None, parent=None,
+    def __init__(self, module, path, annotator, layer, compiled=False, tracer=None, parent=None,
                  layout: str | None = UNKNOWN_LAYOUT):
-        self.module, self.path, self.call = module, path, call
+        self.module, self.path = module, path
         self.annotator = annotator   # the framework whose annotator describes this call's records
         self.layer = layer           # the decoder layer this call belongs to (tdiff.vocab.paths.call_layer)
         self.compiled = compiled     # a torch.compile'd module: what it calls runs as compiled code

@@ -41,11 +41,16 @@ class Selection:
             wanted = self._cache[key] = self._decide(path, explicit, layer)
         return wanted
 
+    def may_want(self, path: str) -> bool:
+        """Whether some call of module ``path`` may be wanted: --select and --exclude let the path
+        through (--layers then asks which layer made the call, and a module shared by the layers is
+        called from each)."""
+        return not any(p.search(path) for p in self._exclude) and \
+            (not self._select or any(p.search(path) for p in self._select))
+
     def _decide(self, path: str, explicit: bool, layer: int | None) -> bool:
-        if any(p.search(path) for p in self._exclude):
-            return False
         if explicit:
-            return True
-        if self._select and not any(p.search(path) for p in self._select):
+            return not any(p.search(path) for p in self._exclude)
+        if not self.may_want(path):
             return False
         return self.layers is None or (layer if layer is not None else layer_of(path)) in self.layers

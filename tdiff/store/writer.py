@@ -73,6 +73,7 @@ class Pending:
     original: Pending | None = None         # an alias: the item of the record it aliases, written before it
 
 
+_Item = Pending | GraphReplay | TokenBatch | DeferredTokens   # what a handful holds, in submission order
 _FLUSH = object()
 _STOP = object()
 
@@ -102,8 +103,9 @@ class DumpWriter:
         self.waits = 0
         self._journal = ManifestJournal(self.root, part, header)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._handful: list[Pending | GraphReplay] = []   # submitted, not yet handed to the writer thread
+        self._handful: list[_Item] = []   # submitted, not yet handed to the writer thread
         self._handful_bytes = 0
+        self._records_since_flush = 0   # a step's flush with none to write wakes no thread
         # several threads may submit; re-entrant: a signal handler (SIGTERM's) may close the writer
         # while its thread is inside submit
         self._handful_lock = threading.RLock()
@@ -156,6 +158,7 @@ class DumpWriter:
         with self._handful_lock:
             self._handful.append(item)
             self._handful_bytes += item.nbytes
+            self._records_since_flush += 1
             # another thread waiting at the cap: what this one holds must reach the disk too, or
             # its bytes, counted as pending, could keep that thread waiting until the step ends
             waiting = self._waiting
@@ -168,7 +171,7 @@ class DumpWriter:
             if waiting:
                 self._queue.put(_FLUSH)
 
-    def _take_handful(self) -> list[Pending | GraphReplay]:
+    def _take_handful(self) -> list[_Item]:
         """The handful, replaced by an empty one before it is queued: a signal handler that closes
         the writer between the two (on this thread: the lock is re-entrant) must not queue it again."""
         handful, self._handful, self._handful_bytes = self._handful, [], 0
@@ -271,13 +274,23 @@ class DumpWriter:
 
     def submit_tokens(self, batch: TokenBatch | DeferredTokens) -> None:
         """Journal a forward's token metadata with the next records written (a deferred one worked
-        out first, on the writer's thread)."""
+        out first, on the writer's thread). It rides in the handful: a forward that records
+        nothing wakes no thread for it (each wake took the GIL from the model's thread)."""
         if not self.failed:
-            self._hand_over(batch)
+            with self._handful_lock:
+                self._handful.append(batch)
+                if len(self._handful) >= _HANDFUL_ITEMS:   # (a device's copies stay pinned until described)
+                    self._queue.put(self._take_handful())
 
     def flush(self) -> None:
-        """Ask the writer to write out what it holds (at the end of a step, say)."""
-        self._hand_over(_FLUSH)
+        """Ask the writer to write out what it holds (at the end of a step, say), where a record
+        came since the last flush: token metadata alone waits for the next records, the end or a
+        settle."""
+        with self._handful_lock:
+            if not self._records_since_flush:
+                return
+            self._records_since_flush = 0
+            self._hand_over(_FLUSH)
 
     def drain(self) -> None:
         """Wait until the writer has handled everything submitted so far: until the next submit
@@ -343,10 +356,6 @@ class DumpWriter:
                     # no shard writer appends meanwhile: this thread alone hands them work
                     self._guarded(self._journal.settle, self.records_written, item.notes)
                 item.set()  # drain(), settle(): everything before it is handled
-            elif isinstance(item, TokenBatch):
-                self._tokens.append(item)
-            elif isinstance(item, DeferredTokens):
-                self._describe_tokens(item)
             else:
                 self._store_handful(item)
             del item   # what it holds (a graph replay's pinned table) goes now, not at the next item
@@ -360,12 +369,16 @@ class DumpWriter:
         except Exception as exc:  # noqa: BLE001 - a failure here ends this part, not the model
             self._fail(f"the token metadata of step {deferred.step} cannot be described ({_reason(exc)})")
 
-    def _store_handful(self, handful: list[Pending | GraphReplay]) -> None:
-        for pending in handful:
-            if self.failed:
-                self._drop(pending)
+    def _store_handful(self, handful: list[_Item]) -> None:
+        for item in handful:
+            if isinstance(item, TokenBatch):
+                self._tokens.append(item)
+            elif isinstance(item, DeferredTokens):
+                self._describe_tokens(item)
+            elif self.failed:
+                self._drop(item)
             else:
-                self._guarded(self._store, pending)
+                self._guarded(self._store, item)
 
     def _guarded(self, fn, *args) -> None:
         try:
@@ -463,12 +476,13 @@ class DumpWriter:
         if self._last_shard is not None:
             self._last_shard.result()
 
-    def _drop(self, item: Pending | GraphReplay) -> None:
+    def _drop(self, item: _Item) -> None:
         """Forget an item that will not be written: its copy may outlive it otherwise (capture keeps
         the item of a tensor that may be recorded again, as long as the tensor lives)."""
         if isinstance(item, Pending):
             item.data = None
-        self._release(item.nbytes)
+        if isinstance(item, (Pending, GraphReplay)):
+            self._release(item.nbytes)
 
     def _release(self, nbytes: int) -> None:
         if nbytes:

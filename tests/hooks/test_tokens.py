@@ -14,7 +14,7 @@ from tdiff.errors import DumpError, TdiffError
 from tdiff.hooks.tokens import _count_positions
 from tdiff.store import open_dump
 from tdiff.store.tokens import PADDING
-from tests.helpers import tiny_qwen2
+from tests.helpers import tiny_qwen2, token_ids
 
 
 def test_hugging_face_prefill_and_decode_steps_describe_their_tokens_without_padding(tmp_path):
@@ -118,6 +118,39 @@ def test_a_forwards_tokens_are_the_ids_it_was_given_though_it_changes_them_in_pl
         ids.add_(10)
         changed.set()
     assert open_dump(tmp_path / "a").token_batches()[(0, 0)].input_ids == given
+
+
+class CountingQueue:
+    """The writer's queue, counting what the model's thread hands over."""
+
+    def __init__(self, queue):
+        self.queue, self.puts = queue, 0
+
+    def put(self, item):
+        self.puts += 1
+        self.queue.put(item)
+
+    def get(self):
+        return self.queue.get()
+
+
+def test_forwards_that_record_nothing_wake_no_writer_thread_until_their_tokens_fill_a_handful(tmp_path, monkeypatch):
+    """Each hand-over wakes the writer thread, which then takes the GIL from the model's: a
+    forward that records nothing hands over nothing (its tokens wait in the handful, and the
+    step's flush has no record to write), yet every forward's tokens are written."""
+    from tdiff.store import writer as writer_module
+
+    monkeypatch.setattr(writer_module, "_HANDFUL_ITEMS", 8)   # a handful's tokens then go 8 at a time
+    model = tiny_qwen2()
+    with torch.no_grad(), tdiff.capture(tmp_path / "a", select=["(?!)"]) as capture:
+        model(token_ids())
+        queue = capture.writer._queue = CountingQueue(capture.writer._queue)
+        for _ in range(20):
+            model(token_ids())
+        handed = queue.puts
+        tdiff.dump("logprobs", torch.zeros(2))   # (explicit dumps ignore --select: the dump holds a tensor)
+    assert handed == 21 // 8
+    assert sorted(open_dump(tmp_path / "a").token_batches()) == [(step, 0) for step in range(21)]
 
 
 class Engine(torch.nn.Module):

@@ -50,6 +50,9 @@ _HANDFUL_ITEMS = 256
 # as before handfuls (with 16 MiB, full mode's 8 x 512 GPU forward reached the disk 2-9% later in 4
 # runs of 4, most likely for that)
 _HANDFUL_BYTES = 1 << 20
+# forwards whose token metadata may wait in a handful with no record to take it along: what stop()
+# describes at most before it returns
+_HANDFUL_TOKENS = 16
 # streamed shards ended (each an open file) before a hook asks the writer thread to flush them
 _ENDED_STREAMS_BEFORE_FLUSH = 16
 
@@ -105,6 +108,7 @@ class DumpWriter:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._handful: list[_Item] = []   # submitted, not yet handed to the writer thread
         self._handful_bytes = 0
+        self._handful_tokens = 0
         self._records_since_flush = 0   # a step's flush with none to write wakes no thread
         # several threads may submit; re-entrant: a signal handler (SIGTERM's) may close the writer
         # while its thread is inside submit
@@ -174,7 +178,7 @@ class DumpWriter:
     def _take_handful(self) -> list[_Item]:
         """The handful, replaced by an empty one before it is queued: a signal handler that closes
         the writer between the two (on this thread: the lock is re-entrant) must not queue it again."""
-        handful, self._handful, self._handful_bytes = self._handful, [], 0
+        handful, self._handful, self._handful_bytes, self._handful_tokens = self._handful, [], 0, 0
         return handful
 
     def stream(self, record: Record, tensor: torch.Tensor) -> Pending | None:
@@ -279,7 +283,8 @@ class DumpWriter:
         if not self.failed:
             with self._handful_lock:
                 self._handful.append(batch)
-                if len(self._handful) >= _HANDFUL_ITEMS:   # (a device's copies stay pinned until described)
+                self._handful_tokens += 1
+                if self._handful_tokens >= _HANDFUL_TOKENS or len(self._handful) >= _HANDFUL_ITEMS:
                     self._queue.put(self._take_handful())
 
     def flush(self) -> None:

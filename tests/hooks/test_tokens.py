@@ -140,7 +140,7 @@ def test_forwards_that_record_nothing_wake_no_writer_thread_until_their_tokens_f
     step's flush has no record to write), yet every forward's tokens are written."""
     from tdiff.store import writer as writer_module
 
-    monkeypatch.setattr(writer_module, "_HANDFUL_ITEMS", 8)   # a handful's tokens then go 8 at a time
+    monkeypatch.setattr(writer_module, "_HANDFUL_TOKENS", 8)   # a handful's tokens then go 8 at a time
     model = tiny_qwen2()
     with torch.no_grad(), tdiff.capture(tmp_path / "a", select=["(?!)"]) as capture:
         model(token_ids())

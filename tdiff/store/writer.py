@@ -439,11 +439,19 @@ class DumpWriter:
     def _flush_shard(self) -> None:
         """Hand the shard filled so far, the streamed shards (some of the records may name them:
         the shard writer seals them before it journals the records) and the records since the
-        last one, to a shard writer."""
+        last one, to a shard writer. Token metadata alone is journaled here: no shard writer is
+        woken for it (none started, where a capture records nothing)."""
         streams: list[ShardStream] = []
         if self._lock_stream():
             streams = self._take_streams()
             self._stream_lock.release()
+        if self._shard_file is None and not streams and not self._records and not self._graph_lines:
+            tokens, self._tokens = self._tokens, []
+            if tokens:
+                self._wait_for_shards()   # the manifest keeps the order things were recorded in
+                if not self.failed:
+                    self._journal.append([], tokens)
+            return
         job = (self._shard_file, self._shard, streams, self._records, self._tokens, self._graph_lines,
                self._graph_records, self._shard_bytes, self._last_shard)
         self._shard_file, self._shard, self._records, self._tokens, self._shard_bytes = None, {}, [], [], 0
@@ -519,11 +527,15 @@ class _ShardWriters:
 
     def __init__(self, count: int, name: str):
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(count)]
-        for thread in self._threads:
-            thread.start()
+        self._count, self._name = count, name
+        self._threads: list[threading.Thread] = []   # started at the first job
 
     def submit(self, fn, *args) -> Future:
+        if not self._threads:
+            self._threads = [threading.Thread(target=self._work, name=f"{self._name}-{i}", daemon=True)
+                             for i in range(self._count)]
+            for thread in self._threads:
+                thread.start()
         future: Future = Future()
         self._jobs.put((future, fn, args))
         return future

@@ -2,6 +2,7 @@
 explicit dumps; stored per forward and rank, read back (and version 1 dumps still read)."""
 
 import json
+import threading
 
 import numpy as np
 import pytest
@@ -137,7 +138,8 @@ class CountingQueue:
 def test_forwards_that_record_nothing_wake_no_writer_thread_until_their_tokens_fill_a_handful(tmp_path, monkeypatch):
     """Each hand-over wakes the writer thread, which then takes the GIL from the model's: a
     forward that records nothing hands over nothing (its tokens wait in the handful, and the
-    step's flush has no record to write), yet every forward's tokens are written."""
+    step's flush has no record to write), no shard writer is started for token metadata alone,
+    yet every forward's tokens are written."""
     from tdiff.store import writer as writer_module
 
     monkeypatch.setattr(writer_module, "_HANDFUL_TOKENS", 8)   # a handful's tokens then go 8 at a time
@@ -148,8 +150,12 @@ def test_forwards_that_record_nothing_wake_no_writer_thread_until_their_tokens_f
         for _ in range(20):
             model(token_ids())
         handed = queue.puts
+        capture.writer._hand_over(writer_module._FLUSH)   # a flush with only tokens to write...
+        capture.writer.drain()                            # ...journaled by the writer itself
+        shard_writers = [t.name for t in threading.enumerate() if t.name.startswith("tdiff-shards")]
         tdiff.dump("logprobs", torch.zeros(2))   # (explicit dumps ignore --select: the dump holds a tensor)
     assert handed == 21 // 8
+    assert shard_writers == []
     assert sorted(open_dump(tmp_path / "a").token_batches()) == [(step, 0) for step in range(21)]
 
 

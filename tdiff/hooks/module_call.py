@@ -41,8 +41,8 @@ def recorded_call(capture: Capture, thread: ThreadState, module, invoke, args: t
     if parent is not None and parent.compiled:
         return invoke(*args, **kwargs)  # inside compiled code (or its eager fallbacks): not recorded
     plan = capture.plans.plan(module, parent)
-    if plan.quiet and parent is not None and capture.graft is None \
-            and getattr(module, "_compiled_call_impl", None) is None:
+    compiled = plan.optimized or getattr(module, "_compiled_call_impl", None) is not None
+    if plan.quiet and not compiled and parent is not None and capture.graft is None:
         # most calls of a capture with a narrow selection (and all with none): nothing to count,
         # check or record, only a frame that names where the modules it calls are called from
         stack.append(Frame(module, plan.path, plan.annotator, plan.layer, parent=parent))
@@ -65,7 +65,6 @@ def recorded_call(capture: Capture, thread: ThreadState, module, invoke, args: t
         args, kwargs = capture.graft.inputs(path, thread.step, call, capture.running.rank(), args, kwargs)
     recording = (plan.wanted and (graph is not None or capture.selection.wants_step(thread.step))
                  and not capture.part.failed)
-    compiled = plan.optimized or getattr(module, "_compiled_call_impl", None) is not None
     described = plan.wrapped if compiled and plan.wrapped is not None else module
     layout = declared_layout(described, parent) if recording else None
     where = Where(path, described, parent, len(stack), plan.annotator, path, plan.other_layer, layout) \

@@ -66,9 +66,9 @@ class CallPlan:
         dynamo = sys.modules.get("torch._dynamo.eval_frame")
         # torch.compile(module)'s wrapper (module.compile() sets _compiled_call_impl instead, at any time)
         self.optimized = dynamo is not None and isinstance(module, dynamo.OptimizedModule)
-        # no call of its path is ever recorded (so none is counted) or traced, and it is no compiled
-        # code: such a call only says where the modules it calls are called from (module_call)
-        self.quiet = not counted and not traced and not graph_module and not self.optimized
+        # no call of its path is ever recorded (so none is counted) or traced, and it is no fx graph:
+        # unless compiled, such a call only says where the modules it calls are called from (module_call)
+        self.quiet = not counted and not traced and not graph_module
         self._names: dict[str, str] = {}   # sub -> tensor name
 
     def name(self, sub: str) -> str:

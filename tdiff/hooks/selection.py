@@ -45,12 +45,14 @@ class Selection:
         """Whether some call of module ``path`` may be wanted: --select and --exclude let the path
         through (--layers then asks which layer made the call, and a module shared by the layers is
         called from each)."""
-        return not any(p.search(path) for p in self._exclude) and \
-            (not self._select or any(p.search(path) for p in self._select))
+        return not self._excluded(path) and (not self._select or any(p.search(path) for p in self._select))
+
+    def _excluded(self, path: str) -> bool:
+        return any(p.search(path) for p in self._exclude)
 
     def _decide(self, path: str, explicit: bool, layer: int | None) -> bool:
         if explicit:
-            return not any(p.search(path) for p in self._exclude)
+            return not self._excluded(path)
         if not self.may_want(path):
             return False
         return self.layers is None or (layer if layer is not None else layer_of(path)) in self.layers

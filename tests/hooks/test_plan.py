@@ -111,11 +111,7 @@ class Shared(nn.Module):
         return x
 
 
-def _qwen2_and_shared():
-    return [(tiny_qwen2(), token_ids()), (Shared(), torch.randn(2, 3, 8))]
-
-
-_MODELS = _qwen2_and_shared()
+_MODELS = [(tiny_qwen2(), token_ids()), (Shared(), torch.randn(2, 3, 8))]
 _RECORDED = ("name", "module", "role", "step", "call", "sub", "module_class", "parent", "depth", "layer",
              "dtype", "shape", "fingerprint", "thread", "attrs")
 
